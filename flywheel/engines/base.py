@@ -125,6 +125,16 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 
+def resolve_device(device: str = "auto") -> str:
+    """"auto": the GPU this process was given, else the CPU. Ray sets CUDA_VISIBLE_DEVICES per actor from its
+    num_gpus (empty for 0), so an actor without a GPU - or a node with logical GPUs but no CUDA - gets the CPU."""
+    if device != "auto":
+        return device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def run_batched(
     items: Sequence[T],
     batch_size: int,

@@ -7,19 +7,20 @@ from collections.abc import Sequence
 import torch
 
 from flywheel.config import ImageGenerationConfig
-from flywheel.engines.base import ImageEngine, ImageRequest, ImageResult, run_batched
+from flywheel.engines.base import ImageEngine, ImageRequest, ImageResult, resolve_device, run_batched
 from flywheel.models.versions import checkpoint_name, checkpoint_version
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 class DiffusersImageEngine(ImageEngine):
-    def __init__(self, model_path: str, generation: ImageGenerationConfig, dtype: str = "float32", device: str = "cpu"):
+    def __init__(self, model_path: str, generation: ImageGenerationConfig, dtype: str = "float32",
+                 device: str = "auto"):
         from diffusers import StableDiffusionXLPipeline
 
         self.generation = generation
-        self.device = device
-        self.pipe = StableDiffusionXLPipeline.from_pretrained(model_path, dtype=DTYPES[dtype]).to(device)
+        self.device = resolve_device(device)
+        self.pipe = StableDiffusionXLPipeline.from_pretrained(model_path, dtype=DTYPES[dtype]).to(self.device)
         self.pipe.set_progress_bar_config(disable=True)
         self.name = f"diffusers:{checkpoint_name(model_path)}"
         self.version = checkpoint_version(model_path)

@@ -9,20 +9,20 @@ from PIL import Image
 
 import flywheel.models.processors  # noqa: F401  (registers the image-only Qwen2-VL processor)
 from flywheel.config import GenerationConfig
-from flywheel.engines.base import TextEngine, TextRequest, TextResult, check_text_request, run_batched
+from flywheel.engines.base import TextEngine, TextRequest, TextResult, check_text_request, resolve_device, run_batched
 from flywheel.models.versions import checkpoint_name, checkpoint_version
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 class HFTextEngine(TextEngine):
-    def __init__(self, model_path: str, generation: GenerationConfig, dtype: str = "float32", device: str = "cpu"):
+    def __init__(self, model_path: str, generation: GenerationConfig, dtype: str = "float32", device: str = "auto"):
         from transformers import AutoModelForImageTextToText, AutoProcessor
 
         self.generation = generation
-        self.device = device
+        self.device = resolve_device(device)
         self.processor = AutoProcessor.from_pretrained(model_path)
-        self.model = AutoModelForImageTextToText.from_pretrained(model_path, dtype=DTYPES[dtype]).to(device).eval()
+        self.model = AutoModelForImageTextToText.from_pretrained(model_path, dtype=DTYPES[dtype]).to(self.device).eval()
         self.tokenizer = self.processor.tokenizer
         self.name = f"hf:{checkpoint_name(model_path)}"
         self.version = checkpoint_version(model_path)

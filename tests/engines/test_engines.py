@@ -126,3 +126,16 @@ def test_unavailable_backends_are_clear_errors(cfg, zoo):
         make_text_engine(c, "policy")
     with pytest.raises(ValueError, match="role must be"):
         make_text_engine(c, "critic")
+
+
+def test_engines_run_on_the_gpu_they_were_given(monkeypatch, policy):
+    """A GPU cluster must not run its engines on the CPU: "auto" takes CUDA when this process has it. This
+    machine has no GPU, so CUDA's presence is faked - only for the device choice, nothing runs on it."""
+    import torch
+
+    from flywheel.engines.base import resolve_device
+
+    assert policy.device == "cpu" and next(policy.model.parameters()).device.type == "cpu"
+    assert resolve_device("cpu") == "cpu" and resolve_device("cuda:1") == "cuda:1"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert resolve_device() == "cuda" and resolve_device("auto") == "cuda"
