@@ -103,6 +103,33 @@ def label_re(label: str) -> re.Pattern:
     return re.compile(rf"^{words}\s*:\s*(.*)$", re.IGNORECASE)
 
 
+def analysis_then(raw: str, final_re: re.Pattern, final: str, analysis_re: re.Pattern) -> tuple[str, str]:
+    """Split 'Analysis: <text, may span lines>' + a last line '<final>: <value>' (pointwise, pairwise): returns
+    (analysis, value as written). Call inside a @strict parser: a deviation fails with its reason."""
+    lines = nonblank(raw)
+    finals = [i for i, ln in enumerate(lines) if final_re.match(ln)]
+    analyses = [i for i, ln in enumerate(lines) if analysis_re.match(ln)]
+    if not finals:
+        fail(f"no '{final}:' line")
+    if len(finals) > 1:
+        fail(f"{len(finals)} '{final}:' lines, expected 1")
+    if not analyses:
+        fail("no 'Analysis:' line")
+    if len(analyses) > 1:
+        fail(f"{len(analyses)} 'Analysis:' lines, expected 1")
+    if analyses[0] != 0:
+        fail("text before 'Analysis:'")
+    if finals[0] != len(lines) - 1:
+        fail(f"text after the '{final}:' line")
+    body = lines_of(raw)  # keep blank lines inside the analysis
+    start = next(i for i, ln in enumerate(body) if analysis_re.match(ln))
+    end = next(i for i, ln in enumerate(body) if final_re.match(ln))
+    analysis = clean_text("\n".join([analysis_re.match(body[start]).group(1), *body[start + 1:end]]))
+    if not analysis:
+        fail("empty analysis")
+    return analysis, final_re.match(body[end]).group(1)
+
+
 def inline_re(label: str) -> re.Pattern:
     """`Label:` anywhere as a word (so 'helmet:' does not contain 'met:')."""
     return re.compile(rf"\b{re.escape(label)}\s*:", re.IGNORECASE)

@@ -135,28 +135,8 @@ _VERDICT_WORDS = {"a": "A", "b": "B", "tie": "tie"}
 @strict
 def parse(raw: str) -> PairwiseJudgment | ParseError:
     """'Analysis: <text, may span lines>' then, on the last line, 'Verdict: A|B|tie' (any case)."""
-    lines = base.nonblank(raw)
-    verdicts = [i for i, ln in enumerate(lines) if _VERDICT_RE.match(ln)]
-    analyses = [i for i, ln in enumerate(lines) if _ANALYSIS_RE.match(ln)]
-    if not verdicts:
-        fail("no 'Verdict:' line")
-    if len(verdicts) > 1:
-        fail(f"{len(verdicts)} 'Verdict:' lines, expected 1")
-    if not analyses:
-        fail("no 'Analysis:' line")
-    if len(analyses) > 1:
-        fail(f"{len(analyses)} 'Analysis:' lines, expected 1")
-    if analyses[0] != 0:
-        fail("text before 'Analysis:'")
-    if verdicts[0] != len(lines) - 1:
-        fail("text after the 'Verdict:' line")
-    body = base.lines_of(raw)
-    start = next(i for i, ln in enumerate(body) if _ANALYSIS_RE.match(ln))
-    end = next(i for i, ln in enumerate(body) if _VERDICT_RE.match(ln))
-    analysis = base.clean_text("\n".join([_ANALYSIS_RE.match(body[start]).group(1), *body[start + 1:end]]))
-    if not analysis:
-        fail("empty analysis")
-    word = _VERDICT_RE.match(body[end]).group(1).strip()
+    analysis, value = base.analysis_then(raw, _VERDICT_RE, VERDICT, _ANALYSIS_RE)
+    word = value.strip()
     key = word[:-1].rstrip() if word.endswith(".") else word
     if not key:
         fail("empty verdict")

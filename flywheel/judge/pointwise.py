@@ -124,28 +124,8 @@ _ANALYSIS_RE, _RATING_RE = base.label_re(ANALYSIS), base.label_re(RATING)
 @strict
 def parse(raw: str) -> PointwiseJudgment | ParseError:
     """'Analysis: <text, may span lines>' then, on the last line, 'Rating: N' with N an integer 1..5."""
-    lines = base.nonblank(raw)
-    ratings = [i for i, ln in enumerate(lines) if _RATING_RE.match(ln)]
-    analyses = [i for i, ln in enumerate(lines) if _ANALYSIS_RE.match(ln)]
-    if not ratings:
-        fail("no 'Rating:' line")
-    if len(ratings) > 1:
-        fail(f"{len(ratings)} 'Rating:' lines, expected 1")
-    if not analyses:
-        fail("no 'Analysis:' line")
-    if len(analyses) > 1:
-        fail(f"{len(analyses)} 'Analysis:' lines, expected 1")
-    if analyses[0] != 0:
-        fail("text before 'Analysis:'")
-    if ratings[0] != len(lines) - 1:
-        fail("text after the 'Rating:' line")
-    body = base.lines_of(raw)  # keep blank lines inside the analysis
-    start = next(i for i, ln in enumerate(body) if _ANALYSIS_RE.match(ln))
-    end = next(i for i, ln in enumerate(body) if _RATING_RE.match(ln))
-    analysis = base.clean_text("\n".join([_ANALYSIS_RE.match(body[start]).group(1), *body[start + 1:end]]))
-    if not analysis:
-        fail("empty analysis")
-    rating = base.parse_int(_RATING_RE.match(body[end]).group(1), RATING_MIN, RATING_MAX, "rating")
+    analysis, value = base.analysis_then(raw, _RATING_RE, RATING, _ANALYSIS_RE)
+    rating = base.parse_int(value, RATING_MIN, RATING_MAX, "rating")
     return base.make(PointwiseJudgment, analysis, rating)
 
 
