@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from flywheel.engines.base import TextRequest
 from flywheel.judge import base
-from flywheel.judge.base import IMAGE, ParseError, fail, strict
+from flywheel.judge.base import IMAGE, ParseError, strict
 from flywheel.judge.guidelines import Guideline, get_guideline
 
 NAME = "pointwise"
