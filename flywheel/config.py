@@ -284,6 +284,24 @@ class GeneratorHeldoutConfig(HeldoutConfig):
                                                "(measures prefixed `probe/`); null: no probe.")
     inference_steps: int | None = Field(None, ge=1, description="Denoising steps of held-out samples; null uses "
                                         "generator.generation.num_inference_steps.")
+    pairs_fraction: float = Field(0.1, ge=0, lt=1, description="Share of the preference pairs held out of "
+                                  "training, chosen by a hash of the prompt (a prompt's pairs stay together; at "
+                                  "least one prompt from 10 pairs up); each evaluation reports the implicit "
+                                  "reward accuracy and margin on them (`pairs/implicit_acc`, `pairs/margin`, a "
+                                  "curve, never the target). 0: no held-out pairs.")
+    pairs_max: int = Field(256, ge=1, description="At most this many held-out pairs (whole prompts in hash "
+                           "order); the rest of the data trains.")
+    pairs_noise_draws: int = Field(4, ge=1, description="Noise/timestep draws per held-out pair (fixed seeds, the "
+                                   "same at every evaluation); more draws, less variance.")
+
+    @field_validator("target", "max_drop", "max_rise")
+    @classmethod
+    def _pairs_never_stop(cls, v):
+        names = [v] if isinstance(v, str) else list(v)
+        if any(n.startswith("pairs/") for n in names):
+            raise ValueError("the held-out pairs' implicit reward is a curve to watch, not a stopping signal "
+                             "(it measures the fit to the preferences, not the images): use the oracle measures")
+        return v
 
 
 class DPOTrainingConfig(TrainingOverrides):

@@ -13,7 +13,8 @@ This module follows that example's maths and SDXL conditioning, inside the share
   projection (the pipeline's own `encode_prompt`, so training and sampling condition identically), and the
   micro-conditioning `add_time_ids` = (original size, crop top-left, target size) per image;
 - tracked: the loss, implicit reward accuracy (share of pairs where the model's mse_w - mse_l is below the
-  reference's) and the implicit reward margin (the mean of the sigmoid's argument), per step.
+  reference's) and the implicit reward margin (the mean of the sigmoid's argument), per step; the same on
+  held-out pairs at every held-out evaluation (flywheel/train/heldout_pairs.py).
 
 Unlike the example, resume is exact: data order is a seeded permutation per epoch, the noise/timesteps of every
 micro-batch are drawn from a generator seeded by its global index, and a checkpoint stores weights, optimizer,
@@ -225,10 +226,15 @@ def dpo_step(parts: SDXLParts, unet: torch.nn.Module, batch: dict, prompts: Prom
     """Loss and stats of one batch of pairs: encode both images, then `pair_loss` (under autocast when the
     frozen weights are half precision on a GPU, as the example's mixed precision; the LoRA stays float32)."""
     latents = encode_pairs(parts, batch["pixels"], generator)
+    with autocast(parts):
+        return pair_loss(parts, unet, latents, batch, prompts, beta, generator, timestep_max)
+
+
+def autocast(parts: SDXLParts) -> torch.autocast:
+    """Mixed precision when the frozen weights are half precision on a GPU (the example's); off otherwise."""
     device = parts.unet.device
     half = device.type == "cuda" and parts.unet.dtype != torch.float32
-    with torch.autocast(device_type=device.type, dtype=parts.unet.dtype, enabled=half):
-        return pair_loss(parts, unet, latents, batch, prompts, beta, generator, timestep_max)
+    return torch.autocast(device_type=device.type, dtype=parts.unet.dtype, enabled=half)
 
 
 # ------------------------------------------------------------------------------------------- data order

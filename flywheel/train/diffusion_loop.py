@@ -10,6 +10,8 @@
 - Held-out evaluation (`settings.heldout`, flywheel/train/heldout_run.py): at step 0, every `every_steps` and the
   last step the live pipeline draws held-out prompts, scored by the oracle at the sampling guidance and at a
   normal guidance (generic quality); the best state is exported, patience and the guard stop the loop.
+  A share of the pairs (`heldout.pairs_fraction`, split by prompt) is never trained on: each evaluation also
+  reports the implicit reward accuracy and margin on it (flywheel/train/heldout_pairs.py), as a curve only.
 """
 
 from __future__ import annotations
@@ -24,9 +26,10 @@ from pathlib import Path
 
 import torch
 
-from flywheel.train.diffusion_dpo import (PairOrder, PromptCache, SDXLParts, dpo_step, encode_pairs, export,
-                                          load_parts, noised, pair_batch, per_sample_mse, total_steps)
+from flywheel.train.diffusion_dpo import (PairOrder, PromptCache, SDXLParts, autocast, dpo_step, encode_pairs,
+                                          export, load_parts, noised, pair_batch, per_sample_mse, total_steps)
 from flywheel.train.guards import check_step
+from flywheel.train.heldout_pairs import HeldoutPairs, split_pairs, with_pairs
 
 log = logging.getLogger(__name__)
 
@@ -63,9 +66,7 @@ def sft_step(parts: SDXLParts, unet: torch.nn.Module, batch: dict, prompts: Prom
     """Best-of-N SFT: the denoising loss of the preferred images alone."""
     latents = encode_pairs(parts, batch["pixels"], generator)
     chosen = latents[: latents.shape[0] // 2]
-    device = parts.unet.device
-    half = device.type == "cuda" and parts.unet.dtype != torch.float32
-    with torch.autocast(device_type=device.type, dtype=parts.unet.dtype, enabled=half):
+    with autocast(parts):
         noisy, timesteps, cond, target = noised(parts, chosen, batch, prompts, generator, timestep_max, copies=1)
         mse = per_sample_mse(unet(noisy, timesteps, **cond).sample, target)
     return mse.mean(), {"mse/model_chosen": mse.detach().mean()}
@@ -88,6 +89,8 @@ def worker(ctx) -> None:
     s = ctx.settings
     method = s.method or "dpo"
     data = read_training_data(ctx.job.data, "image_pref")
+    h = s.heldout
+    rows, held = split_pairs(data.rows, h.pairs_fraction if h else 0.0, h.pairs_max if h else None)
     base = ctx.base_path()
     device = ray.train.torch.get_device() if torch.cuda.is_available() else torch.device("cpu")
     parts = load_parts(base, s, ctx.cfg.models.generator.dtype, device)
@@ -97,7 +100,7 @@ def worker(ctx) -> None:
     params = [p for p in unet.parameters() if p.requires_grad]
     lr = effective_lr(s, ctx.world)
     optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=s.weight_decay)
-    order = PairOrder(len(data.rows), s.batch_size, ctx.rank, ctx.world, ctx.seed)
+    order = PairOrder(len(rows), s.batch_size, ctx.rank, ctx.world, ctx.seed)
     steps = total_steps(s, order)
     scheduler = get_scheduler(s.lr_scheduler, optimizer, num_warmup_steps=math.ceil(s.warmup_ratio * steps),
                               num_training_steps=steps)
@@ -105,8 +108,12 @@ def worker(ctx) -> None:
     heldout = heldout_run(ctx)
     if heldout is not None:
         heldout.model = unet
-    log.info("diffusion_dpo: method %s, %d pairs, %d steps, lr %.3g%s", method, len(data.rows), steps, lr,
-             " (scaled by the effective batch)" if s.scale_lr else "")
+        if held and ctx.is_main:  # rank 0 evaluates (the weights are the same on every worker)
+            heldout.probe = with_pairs(heldout.probe, HeldoutPairs(
+                parts, held, prompts, s.beta, h.pairs_noise_draws, ctx.seed, s.timestep_max, s.batch_size))
+    log.info("diffusion_dpo: method %s, %d pairs (%d more held out), %d steps, lr %.3g%s", method, len(rows),
+             len(held), steps, lr, " (scaled by the effective batch)" if s.scale_lr else "")
+    ctx.metrics.log({"data/train_pairs": len(rows), "data/heldout_pairs": len(held)}, 0)
     start = 0
     restore = ctx.restore_dir()
     if restore is not None:
@@ -126,8 +133,7 @@ def worker(ctx) -> None:
         loss_sum = 0.0
         for a in range(s.grad_accum_steps):
             b = step * s.grad_accum_steps + a
-            rows = [data.rows[i] for i in order.indices(b)]
-            batch = pair_batch(rows, parts.resolution)
+            batch = pair_batch([rows[i] for i in order.indices(b)], parts.resolution)
             ctx.steps.record(step + 1, batch["ids"])
             sync = a == s.grad_accum_steps - 1 or ctx.world == 1
             ctxm = model.no_sync() if not sync and hasattr(model, "no_sync") else contextlib.nullcontext()
@@ -179,6 +185,6 @@ def worker(ctx) -> None:
         fmt = export(parts, base, export_dir, ctx.cfg.train.registry.save_merged)
         meta = {**ctx.job.lineage, "adapter_base": ctx.job.base, "format": fmt, "training": ctx.job.training,
                 "final_step": done, "settings": s.model_dump(mode="json"), "resolution": parts.resolution,
-                "method": method}
+                "method": method, "heldout_pair_ids": [r["image_pref_id"] for r in held]}
         Path(export_dir, "flywheel.json").write_text(json.dumps(meta, indent=1, default=str))
     ctx.report_final(export_dir, last, done)

@@ -59,8 +59,8 @@ class HeldoutRun:
                                  step)
             if verdict.improved:
                 self._save_best()
-            shown = ", ".join(f"{k} {metrics[k]:.3f}" for k in [self.h.target, *self.tracker.guard.measures]
-                              if k in metrics)
+            shown = ", ".join(f"{k} {metrics[k]:.3f}" for k in [self.h.target, *self.tracker.guard.measures,
+                                                                  "pairs/implicit_acc"] if k in metrics)
             log.info("held-out @ step %d (%.1f s): %s%s%s", step, seconds, shown,
                      " [best]" if verdict.improved else "", f" -> stop ({verdict.reason})" if verdict.stop else "")
             stop = verdict.stop
