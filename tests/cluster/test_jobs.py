@@ -8,18 +8,14 @@ import io
 import json
 import re
 import socket
-import subprocess
-import sys
 import urllib.error
 import urllib.request
-import uuid
 from pathlib import Path
 
 import pytest
 from mlflow import MlflowClient
 from PIL import Image
 
-from flywheel.config import REPO_ROOT
 
 pytestmark = pytest.mark.cluster
 
@@ -33,24 +29,7 @@ TINY = ["models.policy.path=zoo:policy", "models.generator.path=zoo:generator", 
         "resources.labeling.actors=1"]
 JUDGE_STAGES = {"models", "prompts", "gold", "candidates", "labels", "curate-judge", "judge-sft", "meta-eval",
                 "gate-judge"}
-VENV_BIN = Path(sys.executable).parent
 POLICY_STAGES = {"preference-prompts", "preference-candidates", "preference-labels", "curate-policy"}
-
-
-def submit(cluster, job_args: list[str], log: Path, timeout: float) -> tuple[str, str]:
-    """`ray job submit --working-dir <repo> -- python <job_args>` as a person runs it (it waits for the job and
-    tails its log); returns the submission id and the job's final status."""
-    sid = f"test-{uuid.uuid4().hex[:10]}"
-    cmd = [str(VENV_BIN / "ray"), "job", "submit", "--address", cluster.dashboard_url, "--working-dir", ".",
-           "--submission-id", sid, "--", "python", *job_args]
-    with open(log, "w") as out:
-        try:
-            subprocess.run(cmd, cwd=REPO_ROOT, env=cluster.env(), stdout=out, stderr=subprocess.STDOUT,
-                           timeout=timeout)
-        except subprocess.TimeoutExpired:
-            cluster.client().stop_job(sid)
-            pytest.fail(f"job {sid} did not end within {timeout:.0f} s; log: {log}")
-    return sid, cluster.wait_for_job(sid, 60)
 
 
 def _get(url: str, token: str | None) -> int:
@@ -77,7 +56,7 @@ def tiny_iteration_job(local_ray_cluster, tmp_path_factory):
     work = tmp_path_factory.mktemp("iteration-job")
     db = work / "tracking" / "mlflow.db"  # not the workdir default: the test names where MLflow must go
     log = work / "submit.log"
-    sid, status = submit(local_ray_cluster, ["jobs/iteration.py", "--config", "configs/local.yaml",
+    sid, status = local_ray_cluster.submit(["jobs/iteration.py", "--config", "configs/local.yaml",
                                              f"run.workdir={work}", f"tracking.uri=sqlite:///{db}", *TINY],
                          log, timeout=900)
     return {"work": work, "db": db, "sid": sid, "status": status, "log": log}
@@ -131,7 +110,7 @@ def test_eval_job_judges_a_labeled_set_with_the_judge_the_iteration_registered(l
     data = tmp_path / "labeled.jsonl"
     data.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
     log = tmp_path / "submit.log"
-    _, status = submit(local_ray_cluster, ["jobs/eval.py", "--data", str(data), "--judge", "models:/judge/1",
+    _, status = local_ray_cluster.submit(["jobs/eval.py", "--data", str(data), "--judge", "models:/judge/1",
                                            "--config", "configs/local.yaml", f"run.workdir={j['work']}",
                                            f"tracking.uri=sqlite:///{j['db']}"], log, timeout=300)
     text = log.read_text()
@@ -152,7 +131,7 @@ def test_full_iteration_job_at_local_defaults(local_ray_cluster, tmp_path):
     db = tmp_path / "mlflow.db"
     log = tmp_path / "submit.log"
     # serve.port: the preference stage serves the judge on Serve's proxy; 8000 may be someone else's
-    sid, status = submit(local_ray_cluster, ["jobs/iteration.py", "--config", "configs/local.yaml",
+    sid, status = local_ray_cluster.submit(["jobs/iteration.py", "--config", "configs/local.yaml",
                                              f"run.workdir={tmp_path}", f"tracking.uri=sqlite:///{db}",
                                              f"serve.port={_free_port()}"], log, timeout=3600)
     assert status == "SUCCEEDED", log.read_text()[-4000:]

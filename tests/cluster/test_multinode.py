@@ -20,12 +20,9 @@ every step once, and MLflow records the restarts.
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import socket
-import subprocess
-import sys
 import tempfile
 import time
 import uuid
@@ -37,9 +34,8 @@ from mlflow import MlflowClient
 
 from flywheel.config import REPO_ROOT
 
-sys.path.insert(0, str(REPO_ROOT / "cluster"))
-import local_cluster  # noqa: E402
-import local_nodes  # noqa: E402
+from cluster_helpers import ClusterClient, local_cluster, ray_daemons
+import local_nodes  # noqa: E402  (on the path through cluster_helpers)
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -62,32 +58,15 @@ LABEL_PACE_S = 2.0  # per labeling batch in the node-loss run: the stage lasts l
 NODELOSS_STEPS, NODELOSS_SAVE = 40, 4
 
 
-VENV_BIN = Path(sys.executable).parent
-
-
-def _ray_daemons() -> dict[int, str]:
-    """Ray daemons on the box by pid (before the test: other people's, which the test must never touch)."""
-    import psutil
-
-    out = {}
-    for p in psutil.process_iter(["pid", "cmdline"]):
-        cmd = " ".join(p.info["cmdline"] or [])
-        if "ray" in cmd and any(d in cmd for d in ("gcs_server", "raylet", "dashboard.py", "log_monitor.py")):
-            out[p.pid] = cmd[:200]
-    return out
-
-
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-class MultiNodeCluster:
+class MultiNodeCluster(ClusterClient):
     def __init__(self, info: dict, shared: Path):
-        self.info = info
-        self.dashboard_url = info["dashboard_url"]
-        self.token = Path(info["token_path"]).read_text().strip()
+        super().__init__(info)
         self.shared = shared  # outside /tmp: what every node sees (the storage, the workdir, MLflow)
         self.serve_port = _free_port()
         self.nodes: dict[str, local_nodes.LocalNode] = {}
@@ -103,26 +82,6 @@ class MultiNodeCluster:
         self.lost.append(node)
         return local_nodes.kill_node(node)
 
-    def env(self) -> dict[str, str]:
-        """A client's environment: the cluster's token variables and Jobs API address, the venv first."""
-        env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_AUTH_TOKEN")}
-        return env | local_cluster.client_env(self.info) | {"PATH": f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}"}
-
-    def client(self):
-        from ray.job_submission import JobSubmissionClient
-
-        return JobSubmissionClient(self.dashboard_url, headers={"Authorization": f"Bearer {self.token}"})
-
-    def wait_for_job(self, sid: str, timeout: float) -> str:
-        client, deadline = self.client(), time.time() + timeout
-        while time.time() < deadline:
-            status = client.get_job_status(sid).value
-            if status in ("SUCCEEDED", "FAILED", "STOPPED"):
-                return status
-            time.sleep(2)
-        client.stop_job(sid)
-        pytest.fail(f"job {sid} did not end within {timeout:.0f} s:\n{client.get_job_logs(sid)[-3000:]}")
-
     def overrides(self) -> list[str]:
         s = self.shared
         # One Serve port for every job: Serve outlives a job, and its proxy keeps the port it first started with.
@@ -132,7 +91,7 @@ class MultiNodeCluster:
 
 @pytest.fixture(scope="module")
 def cluster(request):
-    foreign_before = _ray_daemons()
+    foreign_before = ray_daemons()
     root = Path(tempfile.mkdtemp(prefix="fwm", dir="/tmp"))
     # The shared "network storage" must not be under /tmp: that is node-local on the worker nodes.
     shared = Path(tempfile.mkdtemp(prefix="flywheel-multinode-", dir="/var/tmp"))
@@ -158,21 +117,6 @@ def cluster(request):
             shutil.rmtree(shared, ignore_errors=True)
         else:
             print(f"kept for inspection: {root} (Ray logs, per-node /tmp) and {shared} (storage, MLflow)")
-
-
-def _submit_cli(cluster: MultiNodeCluster, job_args: list[str], log: Path, timeout: float) -> tuple[str, str]:
-    """`ray job submit --working-dir . -- python ...` as a person types it; waits for the job."""
-    sid = f"multinode-{uuid.uuid4().hex[:8]}"
-    cmd = [str(VENV_BIN / "ray"), "job", "submit", "--address", cluster.dashboard_url, "--working-dir", ".",
-           "--submission-id", sid, "--", "python", *job_args]
-    with open(log, "w") as out:
-        try:
-            subprocess.run(cmd, cwd=REPO_ROOT, env=cluster.env(), stdout=out, stderr=subprocess.STDOUT,
-                           timeout=timeout)
-        except subprocess.TimeoutExpired:
-            cluster.client().stop_job(sid)
-            pytest.fail(f"job {sid} did not end within {timeout:.0f} s; log: {log}")
-    return sid, cluster.wait_for_job(sid, 60)
 
 
 def _job_args(cluster: MultiNodeCluster, tag: str, extra: list[str], *flags: str) -> list[str]:
@@ -232,7 +176,7 @@ def placement_run(cluster, tmp_path_factory):
     log = tmp_path_factory.mktemp("placement") / "submit.log"
     t0 = time.time()
     args = _job_args(cluster, "placement", ["train.max_steps=4"], "--pace-s", str(PLACEMENT_PACE_S))
-    sid, status = _submit_cli(cluster, args, log, timeout=1500)
+    sid, status = cluster.submit(args, log, timeout=1500, prefix="multinode")
     seconds = time.time() - t0
     assert status == "SUCCEEDED", log.read_text()[-5000:]
     report = json.loads((cluster.shared / "report-placement.json").read_text())
