@@ -34,11 +34,16 @@ def on_gpu() -> bool:
 
 def load_vlm(path: str, dtype: str = "float32"):
     """(model, processor) of an image-text-to-text checkpoint, in float32 on CPU."""
-    import flywheel.models  # noqa: F401  (registers the image-only Qwen2-VL processor)
+    import flywheel.models.processors  # noqa: F401  (registers the image-only Qwen2-VL processor)
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
     torch_dtype = DTYPES[dtype] if on_gpu() else torch.float32
     processor = AutoProcessor.from_pretrained(path)
+    # AutoProcessor falls back to the bare tokenizer when the checkpoint's processor class cannot load; TRL would
+    # then train on the text alone, silently dropping every image.
+    if getattr(processor, "image_processor", None) is None:
+        raise RuntimeError(f"{path}: AutoProcessor gave {type(processor).__name__}, which takes no images "
+                           "(is the checkpoint's processor class importable here?)")
     model = AutoModelForImageTextToText.from_pretrained(path, dtype=torch_dtype)
     return model, processor
 

@@ -78,3 +78,16 @@ def test_wrong_kind_is_refused(tmp_path):
     write_dataset(str(tmp_path / "d"), "dpo", dpo_records(2), config_hash="c", producer="test")
     with pytest.raises(Exception, match="kind"):
         read_training_data(str(tmp_path / "d"), "sft")
+
+
+def test_a_judge_loads_with_its_image_processor_in_a_fresh_process(zoo):
+    """Training processes import little: load_vlm alone must register the zoo's processor. (It once imported the
+    wrong module; AutoProcessor then handed back the bare tokenizer, and TRL would have dropped every image.)"""
+    import subprocess
+    import sys
+
+    code = ("import sys; from flywheel.train import hf; m, p = hf.load_vlm(sys.argv[1]); "
+            "print(type(p).__name__, type(p.image_processor).__name__)")
+    out = subprocess.run([sys.executable, "-c", code, str(zoo["judge"])], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split()[:1] == ["ImageOnlyQwen2VLProcessor"], out.stdout
