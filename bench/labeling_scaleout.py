@@ -3,6 +3,7 @@ generic runner) on one single-CPU worker node, then on two, measured in one run;
 the stage's data is 10x larger.
 
     .venv/bin/python bench/labeling_scaleout.py [--prompts-per-subtask 60] [--role judge] [--repeats 2]
+    .venv/bin/python bench/labeling_scaleout.py --only memory     # the driver-memory part alone
 
 The cluster (cluster/local_cluster.py + cluster/local_nodes.py, stopped at the end; never `ray stop`): a head that
 only hosts the drivers (1 CPU, no `labeling` resource) and worker nodes of 1 CPU and {labeling: 1} each, so the
@@ -196,16 +197,23 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2, help="Alternating 1-node / 2-node runs.")
     ap.add_argument("--memory-prompts-per-subtask", type=int, default=10, help="Memory: 1x data (10x is 10 times).")
     ap.add_argument("--skip-memory", action="store_true")
+    ap.add_argument("--only", choices=["throughput", "memory"], help="Run one part alone (memory: no throughput "
+                    "runs and no control).")
     ap.add_argument("--no-control", action="store_true", help="Skip the control (the core without Ray, 1 vs 2 "
                     "processes: what the machine itself gives two processes right now).")
     args = ap.parse_args()
+    if args.only == "memory" and args.skip_memory:
+        ap.error("--only memory and --skip-memory exclude each other")
+    throughput = args.only != "memory"
+    args.skip_memory = args.skip_memory or args.only == "throughput"
+    args.no_control = args.no_control or not throughput
     t_start = time.time()
     from flywheel.config import load_config
     from flywheel.models.zoo import build_zoo
 
     WORK.mkdir(parents=True, exist_ok=True)
     build_zoo(load_config(REPO / "configs" / "local.yaml", overrides(args.prompts_per_subtask)))
-    sizes = {"throughput": make_data(args.prompts_per_subtask)}
+    sizes = {"throughput": make_data(args.prompts_per_subtask)} if throughput else {}
     if not args.skip_memory:
         for m in (args.memory_prompts_per_subtask, 10 * args.memory_prompts_per_subtask):
             sizes[f"memory-{m}"] = make_data(m)
@@ -216,20 +224,22 @@ def main() -> None:
         info = local_cluster.start(root, num_cpus=1)
         cluster_json = str(root / "cluster.json")
         local_nodes.add_node(info, "w1", num_cpus=1, resources={"labeling": 1})
-        one = [run_driver(cluster_json, args.prompts_per_subtask, 1, args.role)]
-        print("1 node :", json.dumps(one[-1]), flush=True)
-        local_nodes.add_node(info, "w2", num_cpus=1, resources={"labeling": 1})
-        two = [run_driver(cluster_json, args.prompts_per_subtask, 2, args.role)]
-        print("2 nodes:", json.dumps(two[-1]), flush=True)
-        for _ in range(args.repeats - 1):  # w2 stays; its `labeling` is unused by a 1-actor stage
-            one.append(run_driver(cluster_json, args.prompts_per_subtask, 1, args.role))
+        if throughput:
+            one = [run_driver(cluster_json, args.prompts_per_subtask, 1, args.role)]
             print("1 node :", json.dumps(one[-1]), flush=True)
-            two.append(run_driver(cluster_json, args.prompts_per_subtask, 2, args.role))
+        local_nodes.add_node(info, "w2", num_cpus=1, resources={"labeling": 1})
+        if throughput:
+            two = [run_driver(cluster_json, args.prompts_per_subtask, 2, args.role)]
             print("2 nodes:", json.dumps(two[-1]), flush=True)
-        assert all(len(r["batches_per_node"]) == 1 for r in one), one
-        assert all(len(r["batches_per_node"]) == 2 for r in two), two
-        t1 = statistics.median(r["items_per_s"] for r in one)
-        t2 = statistics.median(r["items_per_s"] for r in two)
+            for _ in range(args.repeats - 1):  # w2 stays; its `labeling` is unused by a 1-actor stage
+                one.append(run_driver(cluster_json, args.prompts_per_subtask, 1, args.role))
+                print("1 node :", json.dumps(one[-1]), flush=True)
+                two.append(run_driver(cluster_json, args.prompts_per_subtask, 2, args.role))
+                print("2 nodes:", json.dumps(two[-1]), flush=True)
+            assert all(len(r["batches_per_node"]) == 1 for r in one), one
+            assert all(len(r["batches_per_node"]) == 2 for r in two), two
+            t1 = statistics.median(r["items_per_s"] for r in one)
+            t2 = statistics.median(r["items_per_s"] for r in two)
         mem = {}
         if not args.skip_memory:
             for m in (args.memory_prompts_per_subtask, 10 * args.memory_prompts_per_subtask):
@@ -241,8 +251,9 @@ def main() -> None:
 
         shutil.rmtree(root, ignore_errors=True)
     control = None if args.no_control else box_scaling(args.prompts_per_subtask, args.role, args.repeats)
-    print(f"\nlabeling ({args.role}, {sizes['throughput']} prompts, medians of {args.repeats}): 1 node "
-          f"{t1:.2f} prompts/s, 2 nodes {t2:.2f} prompts/s -> scale-out ratio {t2 / t1:.2f}x (target >= 1.3)")
+    if throughput:
+        print(f"\nlabeling ({args.role}, {sizes['throughput']} prompts, medians of {args.repeats}): 1 node "
+              f"{t1:.2f} prompts/s, 2 nodes {t2:.2f} prompts/s -> scale-out ratio {t2 / t1:.2f}x (target >= 1.3)")
     if control is not None:
         print(f"control: the bare core scales {control:.2f}x from 1 to 2 processes on this machine now (the stage "
               f"reaches {t2 / t1 / control:.0%} of that)")

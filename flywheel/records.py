@@ -227,14 +227,53 @@ def with_ids(kind: str, rows: Iterable[dict]) -> list[dict]:
     return out
 
 
-def content_hash(kind: str, data: pa.Table | list[dict]) -> str:
+def content_hash(kind: str, data: pa.Table | pa.RecordBatch | list[dict]) -> str:
     """sha256 over every field of every row, in order, independent of Parquet encoding (see Manifest)."""
+    return ContentHasher(kind).update(data).hexdigest()
+
+
+def _pyrows(data: pa.Table | pa.RecordBatch | list[dict]) -> Iterable[dict]:
+    if isinstance(data, pa.Table):
+        for batch in data.to_batches():  # a record batch at a time: never the whole table as Python objects
+            yield from batch.to_pylist()
+    else:
+        yield from data.to_pylist() if isinstance(data, pa.RecordBatch) else data
+
+
+def hash_lines(kind: str, data: pa.Table | pa.RecordBatch | list[dict]) -> bytes:
+    """What content_hash() feeds sha256 for these rows: one line of canonical JSON per row (ASCII, so a row never
+    holds a newline). A process that made the rows (a Ray actor) sends these instead of the rows themselves."""
     names = [f.name for f in _spec(kind)]
-    h = hashlib.sha256(kind.encode() + b"\n")
-    for batch in data.to_batches() if isinstance(data, pa.Table) else [data]:
-        for row in batch if isinstance(batch, list) else batch.to_pylist():
-            h.update(_canonical([row[n] for n in names]) + b"\n")
-    return h.hexdigest()
+    return b"".join(_canonical([row[n] for n in names]) + b"\n" for row in _pyrows(data))
+
+
+class ContentHasher:
+    """content_hash() fed chunk by chunk, in row order: after every row has gone in, hexdigest() equals
+    content_hash(kind, all the rows), so a dataset is hashed (written or verified) without holding it whole."""
+
+    def __init__(self, kind: str):
+        self.kind = kind
+        self._names = [f.name for f in _spec(kind)]
+        self._h = hashlib.sha256(kind.encode() + b"\n")
+        self.rows = 0
+
+    def update(self, data: pa.Table | pa.RecordBatch | list[dict]) -> ContentHasher:
+        for row in _pyrows(data):
+            self._h.update(_canonical([row[n] for n in self._names]) + b"\n")
+            self.rows += 1
+        return self
+
+    def update_lines(self, lines: bytes) -> int:
+        """Feed hash_lines() output made elsewhere; returns the number of rows it held."""
+        if lines and not lines.endswith(b"\n"):
+            raise ValueError("hash lines must end with a newline (one line per row, from hash_lines)")
+        n = lines.count(b"\n")
+        self._h.update(lines)
+        self.rows += n
+        return n
+
+    def hexdigest(self) -> str:
+        return self._h.hexdigest()
 
 
 def config_hash(obj: Any) -> str:

@@ -7,7 +7,6 @@ import json
 import os
 import shutil
 import socket
-import sys
 
 import mlflow
 import pytest

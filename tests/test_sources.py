@@ -7,7 +7,7 @@ from PIL import Image
 
 from flywheel.aspects import AspectTree
 from flywheel.records import validate
-from flywheel.sources import read_jsonl, read_source, read_text_list
+from flywheel.sources import read_source, read_text_list
 
 
 @pytest.fixture(scope="module")

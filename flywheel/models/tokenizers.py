@@ -59,7 +59,7 @@ def corpus(seed_lines: int = 3000) -> list[str]:
             f"Is there a {c2} {s2} in the image? Yes. No.",
             f"Draw a {c} {s} {rel} a {c2} {s2}.",
             f"Analysis: the response mentions a {c} {s} that is not in the image. Rating: {1 + i % 5}",
-            f"Analysis: Response A is more accurate than Response B. Verdict: A",
+            "Analysis: Response A is more accurate than Response B. Verdict: A",
         ]
     return (lines * (1 + seed_lines // max(len(lines), 1)))[:seed_lines]
 

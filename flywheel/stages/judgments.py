@@ -389,8 +389,8 @@ class JudgmentsCore:
 # ---------------------------------------------------------------- stats and the Ray stage
 def judgment_stats(rows: Iterable[dict]) -> dict[str, Any]:
     """Counts for tracking: judgments and parse failures (overall and per protocol), the parse-failure rate, a
-    histogram of scores per protocol (rubric fractions in tenths, aspect-group means in halves) and verdicts."""
-    rows = list(rows)
+    histogram of scores per protocol (rubric fractions in tenths, aspect-group means in halves) and verdicts.
+    One pass over `rows`: an iterator streamed from storage (datasets.iter_dataset_rows) is never held whole."""
     n, fails = Counter(), Counter()
     hist: dict[str, Counter] = defaultdict(Counter)
     for r in rows:
@@ -444,9 +444,9 @@ def run(cfg: Config, prompts_uri: str, candidates_uri: str, output_uri: str, rol
         resources=cfg.resources.labeling, batch_size=cfg.judgments.batch_size, stage_hash=stage_hash(cfg, role),
         limits=cfg.limits, tracker=tracker)
     if not result.skipped:
-        from flywheel.datasets import read_rows
+        from flywheel.datasets import iter_dataset_rows
 
-        stats = judgment_stats(read_rows(output_uri, "judgment"))
+        stats = judgment_stats(iter_dataset_rows(output_uri, "judgment"))  # streamed: the driver holds no rows
         log.info("judgments-%s: %d judgments, parse-failure rate %.3f", role, stats["judgments"],
                  stats["parse_failure_rate"])
         if tracker is not None:

@@ -6,15 +6,22 @@ and are tested alone. This module shards the input, places the cores as an actor
 resources from config, validates outputs inside the actors (so bad rows are caught where they are made), and
 writes the output dataset + quarantine + manifest, logging counts and throughput to the stage's MLflow run.
 
+The driver never holds the stage's rows: it verifies the inputs streaming (datasets.verify_dataset), hands Ray
+Data one small descriptor per batch (its index), and each actor reads its batch's input rows from storage
+(RowRangeReader), runs the core, validates, and writes the batch's valid rows as one part of the output
+dataset (part-<batch>.parquet) itself. The driver receives per batch only counts, the part's name and size, the
+rows' content-hash lines and the quarantine items, in input order, and writes quarantine.parquet and the
+manifest (datasets.PartsWriter). Storage must be shared by every node (a storage URI, never node-local paths).
+
 An output whose manifest already records the same stage-config hash and the same upstream content hashes is
 not recomputed: that is what makes a killed iteration resumable stage by stage.
 """
 
 from __future__ import annotations
 
-import io
 import json
 import logging
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -24,7 +31,8 @@ import pyarrow as pa
 
 from flywheel import storage
 from flywheel.config import StageResources
-from flywheel.datasets import Manifest, MissingManifest, UpstreamRef, read_dataset, read_manifest, write_dataset
+from flywheel.datasets import (Manifest, MissingManifest, PartsWriter, RowRangeReader, UpstreamRef, read_data_file,
+                               read_manifest, verify_dataset, verify_dataset_files, write_part)
 from flywheel.records import RecordLimits, json_safe, restore_raw, to_table, validate
 
 log = logging.getLogger(__name__)
@@ -58,32 +66,52 @@ class StageResult:
 
 
 class _CoreActor:
-    """map_batches adapter: run the core, validate its rows, return one packed row per batch.
+    """map_batches adapter: for each batch index it is given, read the batch's input rows from storage, run the
+    core, validate its rows, write them as the batch's part of the output, and return one small row of metadata.
 
-    Packing valid rows as Arrow IPC bytes (plus quarantine as JSON) keeps images binary end to end and lets one
-    batch output both valid rows and rejects, which a single Arrow schema could not."""
+    The valid rows go to storage (images stay binary, and never pass through the driver); the returned row holds
+    the part's name, size and content-hash lines, the quarantine as JSON (its `index` relative to the batch) and
+    where the batch ran. A retried batch (its actor or node lost) rewrites the same part file."""
 
-    def __init__(self, core_factory: Callable[[], Any], kind: str, limits: RecordLimits):
-        import os
-
+    def __init__(self, core_factory: Callable[[], Any], kind: str, limits: RecordLimits, source: str,
+                 source_manifest: Manifest, source_file_rows: list[int], output: str, batch_size: int):
         import ray
 
         self.core = core_factory()
-        self.kind, self.limits = kind, limits
+        self.kind, self.limits, self.output, self.batch_size = kind, limits, output, batch_size
+        self.reader = RowRangeReader(source, source_manifest, read_rows=batch_size, file_rows=source_file_rows)
+        self.n_rows = source_manifest.row_count
         ctx = ray.get_runtime_context()  # where this actor runs: reported with each batch (stats, not records)
         self.node, self.actor = ctx.get_node_id(), f"{ctx.get_actor_id()}/{os.getpid()}"
 
     def __call__(self, batch: pa.Table) -> dict[str, list]:
-        rows = batch.to_pylist()
-        out = self.core(rows)
-        valid, bad = validate(self.kind, out.rows, self.limits)
-        sink = io.BytesIO()
-        table = to_table(self.kind, valid)
-        with pa.ipc.new_stream(sink, table.schema) as writer:
-            writer.write_table(table)
-        quarantine = [{**q, "raw": json_safe(q.get("raw"))} for q in [*out.quarantined, *bad]]
-        return {"ipc": [sink.getvalue()], "quarantine": [json.dumps(quarantine)], "n_in": [len(rows)],
-                "node": [self.node], "actor": [self.actor]}
+        res: dict[str, list] = {k: [] for k in ("batch", "n_in", "part", "rows", "lines", "size", "quarantine",
+                                                "node", "actor")}
+        for i in batch.column("batch").to_pylist():
+            start = i * self.batch_size
+            rows = self.reader.read(start, min(start + self.batch_size, self.n_rows)).to_pylist()
+            out = self.core(rows)
+            valid, bad = validate(self.kind, out.rows, self.limits)
+            part = write_part(self.output, i, self.kind, to_table(self.kind, valid))
+            del valid
+            quarantine = [{**q, "raw": json_safe(q.get("raw"))} for q in [*out.quarantined, *bad]]
+            for k, v in (("batch", i), ("n_in", len(rows)), ("part", part["part"]), ("rows", part["rows"]),
+                         ("lines", part["lines"]), ("size", part["size"]), ("quarantine", json.dumps(quarantine)),
+                         ("node", self.node), ("actor", self.actor)):
+                res[k].append(v)
+        return res
+
+
+def _absolute(uri: str) -> str:
+    """A plain path made absolute in the driver: actors on other nodes run in other working directories."""
+    return uri if storage.is_uri(uri) else os.path.abspath(os.path.expanduser(uri))
+
+
+def _samples(output: str, manifest: Manifest, parts: int = 4) -> list[dict]:
+    """Rows of a few parts spread over the output (first, ..., last): enough for log_samples, never all rows."""
+    names = manifest.files
+    picked = sorted({round(k * (len(names) - 1) / max(parts - 1, 1)) for k in range(parts)}) if names else []
+    return [r for k in picked for r in read_data_file(output, names[k], manifest.kind).to_pylist()]
 
 
 def _up_to_date(output: str, stage_hash: str, upstream: list[Manifest]) -> Manifest | None:
@@ -114,52 +142,65 @@ def run_stage(
     import ray
 
     limits = limits or RecordLimits()
-    read = [read_dataset(uri) for uri in inputs]  # each verified once; the first is also the stage's input
-    upstream = [m for _, m in read]
+    # each input verified once, streaming (never held whole); the first is the stage's input, read by the actors
+    source, file_rows = verify_dataset_files(inputs[0])
+    upstream = [source, *(verify_dataset(uri) for uri in inputs[1:])]
     done = _up_to_date(output, stage_hash, upstream)
     if done is not None:
         log.info("stage %s: %s is up to date (%d rows); skipped", name, output, done.row_count)
         return StageResult(done, skipped=True, rows_in=upstream[0].row_count if upstream else 0, seconds=0.0)
 
     t0 = time.perf_counter()
-    table = read[0][0]
-    ctx = ray.data.DataContext.get_current()
-    ctx.execution_options.preserve_order = True  # same input, same output order: ids and hashes are stable
-    # One block per batch: Ray Data hands an actor a whole block per task, and from_arrow makes one block of a
-    # table, so a single block would send every batch to one actor (and one node) whatever the pool's size.
-    ds = ray.data.from_arrow([table.slice(i, batch_size) for i in range(0, table.num_rows, batch_size)] or [table])
-    options: dict[str, Any] = {"num_cpus": resources.num_cpus, "num_gpus": resources.num_gpus}
-    if resources.resources:
-        options["resources"] = dict(resources.resources)
-    # A lost node's actors are restarted wherever the resources exist and their batches retried there (Ray Data's
-    # defaults in 2.60, stated here because the stage's exactly-once output depends on them).
-    options |= {"max_restarts": -1, "max_task_retries": -1}
-    packed = ds.map_batches(
-        _CoreActor,
-        fn_constructor_kwargs={"core_factory": core_factory, "kind": kind, "limits": limits},
-        batch_size=batch_size,
-        batch_format="pyarrow",
-        compute=ray.data.ActorPoolStrategy(size=resources.actors),
-        **options,
-    ).take_all()
-
-    tables, quarantined, n_in, placement = [], [], 0, {}
-    for part in packed:
-        tables.append(pa.ipc.open_stream(part["ipc"]).read_all())
-        for q in json.loads(part["quarantine"]):
-            quarantined.append({**q, "index": n_in + int(q.get("index") or 0), "raw": restore_raw(q["raw"])})
-        n_in += int(part["n_in"])
-        p = placement.setdefault(part["node"], {"batches": 0, "rows_in": 0, "actors": []})
-        p["batches"] += 1
-        p["rows_in"] += int(part["n_in"])
-        if part["actor"] not in p["actors"]:
-            p["actors"].append(part["actor"])
-    if n_in != table.num_rows:  # every input row through exactly once, retried batches included
-        raise RuntimeError(f"stage {name}: {n_in} rows came back from {table.num_rows} input rows")
-    rows = pa.concat_tables(tables).to_pylist() if tables else []
-    storage.makedirs(output)
-    manifest = write_dataset(output, kind, rows, config_hash=stage_hash, producer=name, upstream=upstream,
-                             limits=limits, quarantined=quarantined)
+    n_batches = -(-source.row_count // batch_size)
+    writer = PartsWriter(output, kind, config_hash=stage_hash, producer=name, upstream=upstream)
+    n_in, placement = 0, {}
+    try:
+        if n_batches:
+            ctx = ray.data.DataContext.get_current()
+            ctx.execution_options.preserve_order = True  # same input, same output order: ids and hashes are stable
+            # One block per batch: Ray Data hands an actor a whole block per task, so a single block would send
+            # every batch to one actor (and one node) whatever the pool's size. A block holds a batch's index only:
+            # the actor reads the batch's rows from storage.
+            ds = ray.data.from_items([{"batch": i} for i in range(n_batches)], override_num_blocks=n_batches)
+            options: dict[str, Any] = {"num_cpus": resources.num_cpus, "num_gpus": resources.num_gpus}
+            if resources.resources:
+                options["resources"] = dict(resources.resources)
+            # A lost node's actors are restarted wherever the resources exist and their batches retried there (Ray
+            # Data's defaults in 2.60, stated here because the stage's exactly-once output depends on them).
+            options |= {"max_restarts": -1, "max_task_retries": -1}
+            packed = ds.map_batches(
+                _CoreActor,
+                fn_constructor_kwargs={"core_factory": core_factory, "kind": kind, "limits": limits,
+                                       "source": _absolute(inputs[0]), "source_manifest": source,
+                                       "source_file_rows": file_rows, "output": _absolute(output),
+                                       "batch_size": batch_size},
+                batch_size=1,  # one batch index per call
+                batch_format="pyarrow",
+                compute=ray.data.ActorPoolStrategy(size=resources.actors),
+                **options,
+            )
+            expected = 0
+            for part in packed.iter_rows():  # streamed, in input order (preserve_order): one batch's metadata at a time
+                if int(part["batch"]) != expected:
+                    raise RuntimeError(f"stage {name}: batch {part['batch']} came back where batch {expected} was due")
+                expected += 1
+                writer.add_part(part["part"], int(part["rows"]), part["lines"], int(part["size"]))
+                writer.add_quarantined({**q, "index": n_in + int(q.get("index") or 0), "raw": restore_raw(q["raw"])}
+                                       for q in json.loads(part["quarantine"]))
+                n_in += int(part["n_in"])
+                p = placement.setdefault(part["node"], {"batches": 0, "rows_in": 0, "actors": []})
+                p["batches"] += 1
+                p["rows_in"] += int(part["n_in"])
+                if part["actor"] not in p["actors"]:
+                    p["actors"].append(part["actor"])
+            if expected != n_batches:
+                raise RuntimeError(f"stage {name}: {expected} of {n_batches} batches came back")
+        if n_in != source.row_count:  # every input row through exactly once, retried batches included
+            raise RuntimeError(f"stage {name}: {n_in} rows came back from {source.row_count} input rows")
+        manifest = writer.finish()
+    except BaseException:
+        writer.abort()
+        raise
     seconds = time.perf_counter() - t0
     result = StageResult(manifest, skipped=False, rows_in=n_in, seconds=seconds, placement=placement)
     log.info("stage %s: %d rows in → %d out, %d quarantined, %.1f s → %s; batches per node %s, actor restarts %d",
@@ -175,5 +216,5 @@ def run_stage(
                             "ray.nodes": len(placement), "ray.actor_restarts": result.actor_restarts})
         mlflow.log_dict(placement, "ray/placement.json")
         tracker.log_manifest(manifest)
-        log_samples(rows, kind, name)
+        log_samples(_samples(output, manifest), kind, name)
     return result

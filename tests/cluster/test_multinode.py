@@ -166,7 +166,7 @@ def _node_local_outputs(cluster: MultiNodeCluster) -> list[str]:
     for node in [*cluster.nodes.values(), *cluster.lost]:
         for p in node.host_dir.rglob("*"):
             own = "runtime_resources" in p.parts or any(re.match(r"flywheel-\w+-r\d+-", d) for d in p.parts)
-            if p.name in names and not own:
+            if (p.name in names or re.fullmatch(r"part-\d+\.parquet", p.name)) and not own:
                 found.append(str(p))
     return found
 

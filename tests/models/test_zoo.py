@@ -1,7 +1,6 @@
 """The tiny zoo: standard formats, loadable like real checkpoints, deterministic, cached."""
 
 import hashlib
-import json
 import time
 
 import pytest

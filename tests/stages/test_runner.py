@@ -5,8 +5,10 @@ import sys
 import pytest
 import ray
 
+from flywheel import datasets
 from flywheel.config import StageResources
-from flywheel.datasets import read_quarantine, read_rows, write_dataset
+from flywheel.datasets import ManifestMismatch, part_name, read_manifest, read_quarantine, read_rows, write_dataset
+from flywheel.records import validate
 from flywheel.stages.runner import CoreOutput, run_stage
 
 
@@ -70,6 +72,59 @@ def test_stage_maps_quarantines_and_skips_when_up_to_date(ray_local, tmp_path):
     r3 = run_stage("shout", core_factory=lambda: ShoutCore("?"), stage_hash="h2", **kwargs)
     assert not r3.skipped
     assert read_rows(str(tmp_path / "out"))[0]["query"] == "Q0?"
+
+
+def _whole_table_run(core, rows, batch_size, kind, uri):
+    """What run_stage wrote before it streamed: each batch's core output validated, all batches concatenated in
+    order, quarantine indices offset by the batch's first input row, written whole by write_dataset."""
+    out_rows, quarantined = [], []
+    for start in range(0, len(rows), batch_size):
+        out = core(rows[start:start + batch_size])
+        valid, bad = validate(kind, out.rows)
+        out_rows += valid
+        quarantined += [{**q, "index": start + int(q.get("index") or 0)} for q in [*out.quarantined, *bad]]
+    return write_dataset(str(uri), kind, out_rows, config_hash="old", producer="old", quarantined=quarantined)
+
+
+def test_streamed_output_equals_the_whole_table_write(ray_local, tmp_path, monkeypatch):
+    queries = [f"q{i}" for i in range(17)] + ["please reject me", "broken one", "q17", "reject too", "q18"]
+    src = write_dataset(str(tmp_path / "in"), "prompt", [_prompt(q) for q in queries], config_hash="c",
+                        producer="test")
+    res = StageResources(actors=2, num_cpus=0.5)
+
+    def whole_table(*args, **kwargs):
+        raise AssertionError("the driver read a whole table")
+
+    with monkeypatch.context() as m:  # the driver streams; only the actors (other processes) read rows
+        m.setattr(datasets, "read_dataset", whole_table)
+        m.setattr(datasets, "_read_parquet", whole_table)
+        r1 = run_stage("shout", inputs=[src.path], output=str(tmp_path / "out"), kind="prompt", resources=res,
+                       core_factory=lambda: ShoutCore("!"), batch_size=4, stage_hash="h1")
+    old1 = _whole_table_run(ShoutCore("!"), read_rows(src.path), 4, "prompt", tmp_path / "old1")
+    assert r1.rows_in == 22 and r1.manifest.files == [part_name(i) for i in range(6)]  # one part per batch
+    assert (r1.manifest.row_count, r1.manifest.quarantined) == (old1.row_count, old1.quarantined) == (19, 3)
+    assert r1.manifest.content_hash == old1.content_hash
+    assert read_rows(str(tmp_path / "out")) == read_rows(old1.path)
+    assert read_quarantine(str(tmp_path / "out")) == read_quarantine(old1.path)
+    # offset by the batch's first input row (a row failing validation counts among the core's output rows, as before)
+    assert [q["index"] for q in read_quarantine(old1.path)] == [17, 17, 20]
+
+    # a dataset of parts as the next stage's input, its batches across the parts' boundaries
+    r2 = run_stage("shout2", inputs=[str(tmp_path / "out")], output=str(tmp_path / "out2"), kind="prompt",
+                   resources=res, core_factory=lambda: ShoutCore("?"), batch_size=3, stage_hash="h2")
+    old2 = _whole_table_run(ShoutCore("?"), read_rows(str(tmp_path / "out")), 3, "prompt", tmp_path / "old2")
+    assert r2.rows_in == 19 and len(r2.manifest.files) == 7
+    assert r2.manifest.content_hash == old2.content_hash
+    assert read_rows(str(tmp_path / "out2")) == read_rows(old2.path)
+    assert [r["query"] for r in read_rows(old2.path)][:2] == ["Q0!?", "Q1!?"]
+
+    # a tampered input is refused before anything is written: the earlier output stays complete
+    part = tmp_path / "out" / part_name(2)
+    part.write_bytes(part.read_bytes().replace(b"Q9!", b"Q0!"))
+    with pytest.raises(ManifestMismatch):
+        run_stage("shout2", inputs=[str(tmp_path / "out")], output=str(tmp_path / "out2"), kind="prompt",
+                  resources=res, core_factory=lambda: ShoutCore("?"), batch_size=3, stage_hash="h3")
+    assert read_manifest(str(tmp_path / "out2")) == r2.manifest
 
 
 def test_prompts_stage_writes_once_and_skips_when_unchanged(tmp_path):
