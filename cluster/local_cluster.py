@@ -207,23 +207,26 @@ def _start_head(root: Path, token_path: Path, num_cpus: int, dashboard_host: str
             "python": str(venv_bin / "python")}
 
 
+def signal_all(procs: list, how: str) -> None:
+    """`how` = terminate | kill, on each process; one that already exited is skipped."""
+    import psutil
+
+    for p in procs:
+        try:
+            getattr(p, how)()
+        except psutil.NoSuchProcess:
+            pass
+
+
 def stop(root: str | Path = DEFAULT_DIR, grace: float = 10) -> list[int]:
     """Stop this cluster's processes only (SIGTERM, then SIGKILL after `grace` s); returns their pids."""
     import psutil
 
     root = Path(root).resolve()
     procs = cluster_processes(root)
-    for p in procs:
-        try:
-            p.terminate()
-        except psutil.NoSuchProcess:
-            pass
+    signal_all(procs, "terminate")
     _, alive = psutil.wait_procs(procs, timeout=grace)
-    for p in alive:
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
+    signal_all(alive, "kill")
     psutil.wait_procs(alive, timeout=5)
     # Processes started while we were stopping (a worker the raylet was spawning) are caught by a second pass.
     late = _alive(cluster_processes(root))

@@ -158,16 +158,8 @@ def kill_node(node: LocalNode) -> list[int]:
     import psutil
 
     procs = node.processes()
-    for p in procs:
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
+    local_cluster.signal_all(procs, "kill")
     psutil.wait_procs(procs, timeout=10)
     late = node.processes()  # a worker the raylet was spawning as we killed it
-    for p in late:
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
+    local_cluster.signal_all(late, "kill")
     return sorted({p.pid for p in procs} | {p.pid for p in late})

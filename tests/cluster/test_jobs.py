@@ -15,18 +15,11 @@ from pathlib import Path
 import pytest
 from mlflow import MlflowClient
 from PIL import Image
+from tiny_iteration import TINY
 
 
 pytestmark = pytest.mark.cluster
 
-# An iteration small enough for the default suite (about 2 minutes on 2 shared cores): the random zoo policies,
-# 3 prompts per sub-task, 2 training steps. Same sizes as tests/iteration/test_resume.py.
-TINY = ["models.policy.path=zoo:policy", "models.generator.path=zoo:generator", "world.suites.prompts_per_subtask=3",
-        "world.gold.prompts_per_subtask=1", "world.gold.max_pairs_per_prompt=1", "candidates.samples_per_prompt=2",
-        "judgments.samples_per_item=1", "generator.generation.num_inference_steps=2",
-        "policy.generation.max_new_tokens=8", "judge.generation.max_new_tokens=16", "train.max_steps=2",
-        "preferences.prompts_per_subtask=2", "preferences.samples_per_prompt=2", "gate.eval_items=10",
-        "resources.labeling.actors=1"]
 JUDGE_STAGES = {"models", "prompts", "gold", "candidates", "labels", "curate-judge", "judge-sft", "meta-eval",
                 "gate-judge"}
 POLICY_STAGES = {"preference-prompts", "preference-candidates", "preference-labels", "curate-policy"}

@@ -13,13 +13,8 @@ import pytest
 from flywheel.config import REPO_ROOT, load_config
 from flywheel.datasets import read_manifest
 from flywheel.iteration import paths
+from tiny_iteration import TINY
 
-TINY = ["models.policy.path=zoo:policy", "models.generator.path=zoo:generator", "world.suites.prompts_per_subtask=3",
-        "world.gold.prompts_per_subtask=1", "world.gold.max_pairs_per_prompt=1", "candidates.samples_per_prompt=2",
-        "judgments.samples_per_item=1", "generator.generation.num_inference_steps=2",
-        "policy.generation.max_new_tokens=8", "judge.generation.max_new_tokens=16", "train.max_steps=2",
-        "preferences.prompts_per_subtask=2", "preferences.samples_per_prompt=2", "gate.eval_items=10",
-        "resources.labeling.actors=1"]
 
 
 def _run(workdir: Path, kill_at: str | None = None, timeout: float = 1500) -> str:
