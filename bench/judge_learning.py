@@ -1,10 +1,12 @@
 """What the tiny judge learns from a flywheel run's curated SFT rows, outside the loop: train a judge (bare TRL
 SFTTrainer, the flywheel's judge-SFT settings unless overridden) on chosen iterations / tasks, optionally from a
-base first pretrained on the oracle world's clean captions and VQA (perception), then meta-evaluate it on the
-run's gold: ranking accuracy per task and Minos' image-swap check (does the judge look at images at all?).
+base that can see (`world:judge`: the zoo judge after perception SFT on the world's captions and questions), then
+meta-evaluate it on the run's gold: ranking accuracy per task and Minos' image-swap check (does the judge look at
+images at all?).
 
     .venv/bin/python bench/judge_learning.py --workdir runs/local [--iterations 000] [--tasks all|ig,iu]
-        [--steps 1258] [--batch-size 16] [--lr 5e-4] [--pretrain-steps 0]
+        [--steps 1258] [--batch-size 16] [--lr 5e-4] [--base zoo|world]
+        [--set world.base_policies.judge.pretrain.steps=1500 ...]
 
 Measured 2026-11-22 on the 3-iteration proof's data (issue 7's note): iteration 0's rows, 1,258 steps x 16 ->
 id-test ranking 0.163 from the zoo judge, 0.213 after 1,500 pretraining steps; image generation stays at 0.
@@ -25,19 +27,6 @@ KEYS = ["all/pointwise_ranking/accuracy", "task/ig/pointwise_ranking/accuracy", 
         "perturb/image_swap/output/pointwise/pearson"]
 
 
-def pretrain(cfg, base: str, out: Path, steps: int) -> str:
-    """The zoo judge SFT'd on fault-free world captions/VQA (the base policies' data): a judge that can see."""
-    from flywheel.models.pretrain_config import PolicyPretrainConfig
-    from flywheel.models.pretrain_policy import pretrain_policy
-    from flywheel.worlds.shapes.policy_config import PolicyFaults
-    from flywheel.worlds.shapes.policy_data import llava_examples
-
-    clean = PolicyFaults(caption_hallucination=0, yes_bias=0, wrong_answer=0)
-    stats = pretrain_policy(base, out, llava_examples(cfg.world.shapes, clean), PolicyPretrainConfig(steps=steps))
-    print(f"pretrained {steps} steps: {stats}", flush=True)
-    return str(out)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--workdir", required=True, help="A flywheel run's workdir (its data/ and gold are read).")
@@ -47,29 +36,32 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=1258)
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--lr", type=float, default=5e-4)
-    ap.add_argument("--pretrain-steps", type=int, default=0, help="0: start from the random zoo judge.")
+    ap.add_argument("--base", choices=["zoo", "world"], default="zoo",
+                    help="zoo: the random judge; world: the perceiving base (built and cached in the workdir).")
+    ap.add_argument("--set", nargs="*", default=[], help="Config overrides, e.g. of world.base_policies.judge.")
     ap.add_argument("--out", default="runs/bench-judge-learning")
     args = ap.parse_args()
     torch.set_num_threads(2)
 
-    from flywheel.config import ModelRef, load_config
+    from flywheel.config import load_config
     from flywheel.evaluate import meta
-    from flywheel.models.zoo import resolve_model_path
+    from flywheel.models.zoo import build_world, resolve_model_path
     from flywheel.raycluster import init_ray
     from flywheel.train import hf
     from flywheel.train.data import read_training_data, sft_rows, to_hf_dataset
     from flywheel.train.sft import build_trainer
 
     work, out = Path(args.workdir).resolve(), Path(args.out).resolve()
-    cfg = load_config(args.config, [f"run.workdir={work}"])
+    cfg = load_config(args.config, [f"run.workdir={work}", f"models.judge.path={args.base}:judge", *args.set])
     tasks = None if args.tasks == "all" else set(args.tasks.split(","))
     rows = [r for it in args.iterations.split(",")
             for r in read_training_data(str(work / "data" / "iterations" / it / "curated" / "sft"), "sft").rows
             if tasks is None or r["task"] in tasks]
     print(f"{len(rows)} SFT rows from iterations {args.iterations}, tasks {args.tasks}", flush=True)
-    base = resolve_model_path(ModelRef(path="zoo:judge"), cfg)
-    if args.pretrain_steps:
-        base = pretrain(cfg, base, out / "pretrained", args.pretrain_steps)
+    t0 = time.perf_counter()
+    build_world(cfg)  # cached
+    print(f"base {cfg.models.judge.path} ready in {time.perf_counter() - t0:.0f} s", flush=True)
+    base = resolve_model_path(cfg.models.judge, cfg)
     model, processor = hf.load_vlm(base)
     settings = cfg.train.resolved("judge_sft").model_copy(update={
         "max_steps": args.steps, "batch_size": args.batch_size, "lr": args.lr, "save_steps": 10**9,

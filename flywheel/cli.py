@@ -50,7 +50,7 @@ def config_show(config: ConfigOpt = Path("configs/local.yaml"), overrides: Overr
 def models_build(config: ConfigOpt = Path("configs/local.yaml"), overrides: Overrides = None,
                  force: Annotated[bool, typer.Option(help="Rebuild even if cached.")] = False) -> None:
     """Build the tiny random-initialised checkpoints, then the oracle world's base policies the config uses
-    (`world:policy`, `world:generator`: trained from the zoo in minutes). Everything is cached."""
+    (`world:judge`, `world:policy`, `world:generator`: trained from the zoo in minutes). Everything is cached."""
     _setup_logging()
     from flywheel.models.zoo import build_world, build_zoo
 

@@ -14,8 +14,9 @@ def session_workdir(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="session")
 def cfg(session_workdir) -> Config:
-    # Tests use the random zoo policies: the trained base policies take minutes (they have their own tests).
+    # Tests use the random zoo models: the trained world bases take minutes (they have their own tests).
     return load_config(REPO_ROOT / "configs" / "local.yaml", [f"run.workdir={session_workdir}",
+                                                                "models.judge.path=zoo:judge",
                                                                 "models.policy.path=zoo:policy",
                                                                 "models.generator.path=zoo:generator"])
 

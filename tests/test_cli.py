@@ -21,7 +21,7 @@ def test_bad_config_exits_2_with_the_reason(tmp_path):
 
 
 def test_models_build_lists_three_checkpoints(cfg, zoo):
-    result = runner.invoke(app, ["models", "build", f"run.workdir={cfg.run.workdir}", "models.policy.path=zoo:policy",
+    result = runner.invoke(app, ["models", "build", f"run.workdir={cfg.run.workdir}", "models.judge.path=zoo:judge", "models.policy.path=zoo:policy",
                                  "models.generator.path=zoo:generator"])
     assert result.exit_code == 0, result.output
     for name, path in zoo.items():

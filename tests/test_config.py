@@ -26,7 +26,7 @@ def test_local_config_is_tiny_cpu_embedded(tmp_path):
     assert cfg.ray.address is None
     assert cfg.tracking.uri == f"sqlite:///{tmp_path}/mlflow.db"
     assert cfg.storage.uri == f"{tmp_path}/data"
-    assert cfg.models.judge.path == "zoo:judge"  # random: the flywheel trains it
+    assert cfg.models.judge.path == "world:judge"  # sees the world, has never judged: the flywheel trains it
     assert cfg.models.policy.path == "world:policy" and cfg.models.generator.path == "world:generator"
     assert all(getattr(cfg.resources, s).num_gpus == 0 for s in ("labeling", "candidates", "train", "serve"))
 

@@ -1,7 +1,7 @@
 """An iteration small enough for the default suite (about 2 minutes on 2 shared cores): the random zoo policies,
 3 prompts per sub-task, 2 training steps. Shared by the resume test and the `ray job submit` tests."""
 
-TINY = ["models.policy.path=zoo:policy", "models.generator.path=zoo:generator", "world.suites.prompts_per_subtask=3",
+TINY = ["models.judge.path=zoo:judge", "models.policy.path=zoo:policy", "models.generator.path=zoo:generator", "world.suites.prompts_per_subtask=3",
         "world.gold.prompts_per_subtask=1", "world.gold.max_pairs_per_prompt=1", "candidates.samples_per_prompt=2",
         "judgments.samples_per_item=1", "generator.generation.num_inference_steps=2",
         "policy.generation.max_new_tokens=8", "judge.generation.max_new_tokens=16", "train.max_steps=2",

@@ -1,4 +1,5 @@
-"""Pretrain the zoo's tiny LLaVA policy from scratch by SFT (TRL's SFTTrainer) on a world's examples.
+"""Pretrain a zoo VLM (the tiny LLaVA policy, or the Qwen2-VL judge) from scratch by SFT (TRL's SFTTrainer) on a
+world's examples.
 
 Why: the flywheel needs a base policy that perceives its world but has faults preference optimisation is known
 to fix. The examples decide the faults (e.g. captions that add an object that is not there, a yes-bias on
@@ -27,7 +28,7 @@ Examples = Callable[[np.random.Generator, int], list[dict]]  # TRL rows: images,
 
 def pretrain_policy(base: str | Path, out: str | Path, examples: Examples, cfg: PolicyPretrainConfig,
                     seed: int = 0) -> dict:
-    """SFT the random LLaVA at `base` on `steps * batch_size` fresh examples; save a standard checkpoint."""
+    """SFT the random VLM at `base` on `steps * batch_size` fresh examples; save a standard checkpoint."""
     from datasets import Dataset
     from transformers import AutoModelForImageTextToText, AutoProcessor
     from trl import SFTConfig, SFTTrainer

@@ -30,7 +30,7 @@ ZOO_VERSIONS = {"judge": 1, "policy": 1, "generator": 2}
 ZOO_NAMES = ("judge", "policy", "generator")
 ZOO_PREFIX = "zoo:"
 WORLD_PREFIX = "world:"  # the oracle world's base policies, trained from the zoo (flywheel/worlds/shapes)
-WORLD_NAMES = ("policy", "generator")
+WORLD_NAMES = ("judge", "policy", "generator")
 
 QWEN_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
                  "<|image_pad|>", "<|video_pad|>"]
@@ -62,8 +62,9 @@ def zoo_root(cfg: Config) -> Path:
 
 
 def spec_hash(zoo: ZooConfig, seed: int, name: str) -> str:
-    blob = json.dumps({"zoo": zoo.model_dump(mode="json"), "seed": seed, "version": ZOO_VERSIONS[name]},
-                      sort_keys=True)
+    # Only the judge reads judge_image_size: leaving it out of the others' hash keeps their caches valid.
+    sizes = zoo.model_dump(mode="json", exclude=None if name == "judge" else {"judge_image_size"})
+    blob = json.dumps({"zoo": sizes, "seed": seed, "version": ZOO_VERSIONS[name]}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
@@ -74,28 +75,24 @@ def zoo_path(cfg: Config, name: str) -> Path:
 
 
 def world_path(cfg: Config, name: str) -> Path:
-    from flywheel.worlds.shapes.base_policies import generator_dir, policy_dir
+    from flywheel.worlds.shapes.base_policies import generator_dir, judge_dir, policy_dir
 
     if name not in WORLD_NAMES:
         raise ValueError(f"unknown world model '{name}'; the world trains {', '.join(WORLD_NAMES)}")
     w = cfg.world
-    make = policy_dir if name == "policy" else generator_dir
+    make = {"judge": judge_dir, "policy": policy_dir, "generator": generator_dir}[name]
     return make(zoo_path(cfg, name), zoo_root(cfg), w.shapes, w.base_policies, cfg.run.seed)
 
 
 def build_world(cfg: Config) -> dict[str, tuple[Path, dict]]:
     """Build the zoo, then the world's base policies the config uses (cached); name -> (folder, metrics)."""
-    from flywheel.worlds.shapes.base_policies import build_base_generator, build_base_policy
+    from flywheel.worlds.shapes.base_policies import build_base_generator, build_base_judge, build_base_policy
 
+    builders = {"judge": build_base_judge, "policy": build_base_policy, "generator": build_base_generator}
     zoo = build_zoo(cfg)
-    w, out = cfg.world, {}
-    wanted = {m for m in WORLD_NAMES if getattr(cfg.models, m).path == WORLD_PREFIX + m}
-    if "policy" in wanted:
-        out["policy"] = build_base_policy(zoo["policy"], zoo_root(cfg), w.shapes, w.base_policies, cfg.run.seed)
-    if "generator" in wanted:
-        out["generator"] = build_base_generator(zoo["generator"], zoo_root(cfg), w.shapes, w.base_policies,
-                                                cfg.run.seed)
-    return out
+    w = cfg.world
+    return {m: builders[m](zoo[m], zoo_root(cfg), w.shapes, w.base_policies, cfg.run.seed)
+            for m in WORLD_NAMES if getattr(cfg.models, m).path == WORLD_PREFIX + m}
 
 
 def resolve_model_path(ref: ModelRef, cfg: Config) -> str:
@@ -141,8 +138,9 @@ def build_zoo(cfg: Config, force: bool = False) -> dict[str, Path]:
 
 
 def _check_sizes(z: ZooConfig) -> None:
-    if z.image_size % 28:
-        raise ValueError(f"models.zoo.image_size={z.image_size}: must be a multiple of 28 (14-px patches, 2x2 merge)")
+    for key in ("image_size", "judge_image_size"):
+        if getattr(z, key) % 28:
+            raise ValueError(f"models.zoo.{key}={getattr(z, key)}: must be a multiple of 28 (14-px patches, 2x2 merge)")
     if z.text_hidden % z.text_heads or z.text_hidden // z.text_heads < 32:
         raise ValueError(
             f"models.zoo: text_hidden/text_heads = {z.text_hidden}/{z.text_heads} must divide evenly into a "
@@ -160,8 +158,8 @@ def build_judge(z: ZooConfig, out: Path) -> None:
         tokenizer_object=train_bpe(z.vocab_size, QWEN_SPECIALS),
         eos_token="<|im_end|>", pad_token="<|endoftext|>", padding_side="left",
     )
-    pixels = z.image_size * z.image_size
-    # Fixed pixel budget: every image becomes (image_size/28)^2 tokens, so sequence lengths stay predictable.
+    pixels = z.judge_image_size * z.judge_image_size
+    # Fixed pixel budget: every image becomes (judge_image_size/28)^2 tokens, so sequence lengths stay predictable.
     processor = ImageOnlyQwen2VLProcessor(
         image_processor=Qwen2VLImageProcessorPil(min_pixels=pixels, max_pixels=pixels),
         tokenizer=tok, chat_template=QWEN_CHAT_TEMPLATE,

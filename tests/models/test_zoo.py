@@ -27,7 +27,7 @@ def test_build_writes_standard_safetensors_checkpoints(zoo):
     assert (zoo["generator"] / "model_index.json").exists()
 
 
-def test_judge_loads_with_auto_classes_and_generates_from_an_image(zoo):
+def test_judge_loads_with_auto_classes_and_generates_from_an_image(cfg, zoo):
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
     import flywheel.models.processors  # noqa: F401  registers the image-only processor
@@ -41,7 +41,8 @@ def test_judge_loads_with_auto_classes_and_generates_from_an_image(zoo):
     prompt = processor.apply_chat_template(messages, add_generation_prompt=True)
     inputs = processor(text=[prompt], images=[[Image.new("RGB", (56, 56), "red")]], return_tensors="pt")
     n_image_tokens = int((inputs["input_ids"] == model.config.image_token_id).sum())
-    assert n_image_tokens == (56 // 28) ** 2
+    # a 56-px image is resized to the judge's pixel budget: (judge_image_size / 28)^2 tokens
+    assert n_image_tokens == (cfg.models.zoo.judge_image_size // 28) ** 2 == 16
     out = model.generate(**inputs, max_new_tokens=5, do_sample=False)
     assert out.shape[1] > inputs["input_ids"].shape[1]
 

@@ -24,7 +24,7 @@ TEXT_MEASURES = {"accuracy", "caption_recall", "format_valid", "repetition_rate"
 
 def _cfg(cfg, *extra):
     return load_config(REPO_ROOT / "configs" / "local.yaml", [
-        f"run.workdir={cfg.run.workdir}", "models.policy.path=zoo:policy", "models.generator.path=zoo:generator",
+        f"run.workdir={cfg.run.workdir}", "models.judge.path=zoo:judge", "models.policy.path=zoo:policy", "models.generator.path=zoo:generator",
         "train.batch_size=4", "train.save_steps=1000", "train.logging_steps=1", "policy.generation.max_new_tokens=12",
         "judge.generation.max_new_tokens=16", *extra])
 

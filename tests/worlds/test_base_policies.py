@@ -5,13 +5,14 @@ import pytest
 
 from flywheel.config import GenerationConfig, ImageGenerationConfig
 from flywheel.engines import ImageRequest, TextRequest
-from flywheel.worlds.shapes.base_policies import build_base_generator, build_base_policy
-from flywheel.worlds.shapes.policy_config import BasePoliciesConfig
+from flywheel.worlds.shapes.base_policies import build_base_generator, build_base_judge, build_base_policy
+from flywheel.worlds.shapes.policy_config import BasePoliciesConfig, JudgeBaseConfig
 
 
 @pytest.fixture(scope="module")
 def small():
     return BasePoliciesConfig(policy={"steps": 3, "batch_size": 4, "warmup_steps": 0},
+                              judge={"pretrain": {"steps": 2, "batch_size": 4, "warmup_steps": 0}},
                               generator={"vae_steps": 2, "unet_steps": 2, "batch_size": 4, "vae_batch_size": 4})
 
 
@@ -40,3 +41,47 @@ def test_base_generator_trains_and_loads(cfg, zoo, small, tmp_path):
     assert vae.config.scaling_factor != 0.18215  # set from the trained latents' spread
     engine = DiffusersImageEngine(str(path), ImageGenerationConfig(num_inference_steps=2))
     assert engine.generate([ImageRequest("a red circle", seed=0)])[0].image.size == (56, 56)
+
+
+def test_base_judge_trains_caches_and_judges(cfg, zoo, small, tmp_path):
+    from PIL import Image
+
+    from flywheel.engines.hf import HFTextEngine
+    from flywheel.models.zoo import resolve_model_path, world_path
+
+    path, metrics = build_base_judge(zoo["judge"], tmp_path, cfg.world.shapes, small, seed=0)
+    assert metrics["train_seconds"] > 0 and metrics["sft_loss"] > 0
+    assert build_base_judge(zoo["judge"], tmp_path, cfg.world.shapes, small, seed=0) == (path, metrics)
+    assert (path / "config.json").read_text().count("qwen2_vl") and (path / "processor_config.json").exists()
+    engine = HFTextEngine(str(path), GenerationConfig(max_new_tokens=4))
+    msg = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Rate 1-5."}]}]
+    assert engine.generate([TextRequest(msg, [Image.new("RGB", (56, 56), "white")])])[0].ok
+    # `world:judge` names the folder the settings hash to; unbuilt, it says how to build it
+    from flywheel.config import load_config
+
+    other = load_config(None, [f"run.workdir={tmp_path}/other", "models.judge.path=world:judge"])
+    assert world_path(other, "judge").name.startswith("judge-base-")
+    with pytest.raises(FileNotFoundError, match="flywheel models build"):
+        resolve_model_path(other.models.judge, other)
+
+
+def test_perception_examples_degrade_images_not_answers(cfg):
+    import numpy as np
+
+    from flywheel.worlds.shapes.policy_data import perception_examples
+    from flywheel.worlds.shapes.segment import segment
+
+    world = cfg.world.shapes
+    clean = perception_examples(world, JudgeBaseConfig(degraded_share=0.0))(np.random.default_rng(3), 40)
+    blurred = perception_examples(world, JudgeBaseConfig(degraded_share=1.0))(np.random.default_rng(3), 40)
+    assert [r["completion"] for r in clean] == [r["completion"] for r in blurred]  # same questions and answers
+    assert all(r["images"][0].size == b["images"][0].size for r, b in zip(clean, blurred))
+    assert all(np.abs(np.asarray(r["images"][0], float) - np.asarray(b["images"][0], float)).mean() > 0.1
+               for r, b in zip(clean, blurred))
+    # what the picture shows survives: the world's own segmenter finds the same colours in most degraded images
+    same = sum(sorted(d.colour for d in segment(r["images"][0], world).detections)
+               == sorted(d.colour for d in segment(b["images"][0], world).detections)
+               for r, b in zip(clean, blurred))
+    assert same >= 34, same
+    # no faults: an existence question is answered from the scene (the base policy's yes-bias is absent)
+    assert {"Yes.", "No."} <= {r["completion"][0]["content"][0]["text"] for r in clean}

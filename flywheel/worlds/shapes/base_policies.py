@@ -19,7 +19,7 @@ from flywheel.models.pretrain_generator import pretrain_generator
 from flywheel.models.pretrain_policy import pretrain_policy
 from flywheel.worlds.shapes.config import ShapesWorldConfig
 from flywheel.worlds.shapes.policy_config import BasePoliciesConfig
-from flywheel.worlds.shapes.policy_data import generator_examples, llava_examples
+from flywheel.worlds.shapes.policy_data import generator_examples, llava_examples, perception_examples
 
 log = logging.getLogger(__name__)
 BASE_VERSION = 1  # bump when the recipe changes
@@ -51,6 +51,10 @@ def generator_dir(zoo_generator: Path, root: Path, world: ShapesWorldConfig, cfg
     return root / f"generator-base-{_hash(world, cfg.generator, seed, BASE_VERSION, zoo_generator.name)}"
 
 
+def judge_dir(zoo_judge: Path, root: Path, world: ShapesWorldConfig, cfg: BasePoliciesConfig, seed: int) -> Path:
+    return root / f"judge-base-{_hash(world, cfg.judge, seed, BASE_VERSION, zoo_judge.name)}"
+
+
 def build_base_policy(zoo_policy: Path, root: Path, world: ShapesWorldConfig, cfg: BasePoliciesConfig,
                       seed: int) -> tuple[Path, dict]:
     """The base LLaVA (cached): SFT of the random zoo policy on faulty IU examples."""
@@ -67,3 +71,13 @@ def build_base_generator(zoo_generator: Path, root: Path, world: ShapesWorldConf
     examples = generator_examples(world)
     log.info("base policy: SDXL pretraining → %s", out)
     return _build(out, lambda tmp: pretrain_generator(zoo_generator, tmp, examples, cfg.generator, seed))
+
+
+def build_base_judge(zoo_judge: Path, root: Path, world: ShapesWorldConfig, cfg: BasePoliciesConfig,
+                     seed: int) -> tuple[Path, dict]:
+    """The judge base (cached): SFT of the random zoo Qwen2-VL on fault-free captions and questions about clean
+    and degraded renders. It can see; it has never judged."""
+    out = judge_dir(zoo_judge, root, world, cfg, seed)
+    examples = perception_examples(world, cfg.judge)
+    log.info("base judge: Qwen2-VL perception SFT → %s", out)
+    return _build(out, lambda tmp: pretrain_policy(zoo_judge, tmp, examples, cfg.judge.pretrain, seed))

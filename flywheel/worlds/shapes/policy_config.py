@@ -19,10 +19,29 @@ class PolicyFaults(BaseModel):
                                  "split evenly over colour, count and existence questions.")
 
 
+class JudgeBaseConfig(BaseModel):
+    """The judge's starting point: the zoo Qwen2-VL taught to *see* this world (captions and VQA, no judging), as a
+    real flywheel starts from a pretrained VLM. Judging is left to the flywheel, which teaches it from the teacher."""
+
+    model_config = ConfigDict(extra="forbid")
+    pretrain: PolicyPretrainConfig = Field(
+        default_factory=lambda: PolicyPretrainConfig(steps=3000),
+        description="SFT on fault-free captions and questions. The notes' judge began to see shapes after "
+        "~2,000 steps of 32; 1,500 steps helped IU and NLG ranking but not generated images.")
+    degraded_share: float = Field(
+        0.5, ge=0, le=1, description="Share of images degraded the way a small generator draws (lower resolution, "
+        "blur), so the judge can read generated images too; colours and shapes are untouched.")
+    low_res: tuple[int, int] = Field((20, 36), description="Degraded images are drawn at a side in this range "
+                                     "(px), then scaled back up.")
+    max_blur: float = Field(1.5, ge=0, description="Largest Gaussian blur radius (px) of a degraded image.")
+
+
 class BasePoliciesConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     faults: PolicyFaults = Field(default_factory=PolicyFaults, description="Faults taught to the base LLaVA.")
     policy: PolicyPretrainConfig = Field(default_factory=PolicyPretrainConfig, description="LLaVA SFT settings.")
     generator: GeneratorPretrainConfig = Field(default_factory=GeneratorPretrainConfig,
                                                description="SDXL VAE + UNet pretraining settings.")
+    judge: JudgeBaseConfig = Field(default_factory=JudgeBaseConfig, description="The perceiving judge base "
+                                   "(`world:judge`).")
     eval_items: int = Field(200, ge=10, description="Held-out items for the starting oracle scores.")

@@ -10,10 +10,10 @@ objects, relations), which Diffusion-DPO can improve.
 from __future__ import annotations
 
 import numpy as np
-from PIL import Image
+from PIL import Image, ImageFilter
 
 from flywheel.worlds.shapes.config import ShapesWorldConfig
-from flywheel.worlds.shapes.policy_config import PolicyFaults
+from flywheel.worlds.shapes.policy_config import JudgeBaseConfig, PolicyFaults
 from flywheel.worlds.shapes.render import render
 from flywheel.worlds.shapes.scene import Scene, sample_scene
 from flywheel.worlds.shapes.spec import describe_spec, sample_spec, scene_for_spec
@@ -72,6 +72,27 @@ def llava_example(rng: np.random.Generator, world: ShapesWorldConfig, faults: Po
 def llava_examples(world: ShapesWorldConfig, faults: PolicyFaults):
     def make(rng: np.random.Generator, n: int) -> list[dict]:
         return [llava_example(rng, world, faults) for _ in range(n)]
+
+    return make
+
+
+def degrade(image: Image.Image, rng: np.random.Generator, cfg: JudgeBaseConfig) -> Image.Image:
+    """The image as a small generator draws it: fewer pixels and a blur. What it shows stays the same."""
+    side = int(rng.integers(cfg.low_res[0], cfg.low_res[1] + 1))
+    small = image.resize((side, side), Image.Resampling.BOX).resize(image.size, Image.Resampling.BILINEAR)
+    return small.filter(ImageFilter.GaussianBlur(float(rng.uniform(0, cfg.max_blur))))
+
+
+def perception_examples(world: ShapesWorldConfig, cfg: JudgeBaseConfig):
+    """Fault-free captions and questions on clean and degraded renders: perception for the judge base."""
+    clean = PolicyFaults(caption_hallucination=0, yes_bias=0, wrong_answer=0)
+
+    def make(rng: np.random.Generator, n: int) -> list[dict]:
+        rows = [llava_example(rng, world, clean) for _ in range(n)]
+        for row in rows:
+            if rng.random() < cfg.degraded_share:
+                row["images"] = [degrade(row["images"][0], rng, cfg)]
+        return rows
 
     return make
 
