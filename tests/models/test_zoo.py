@@ -138,3 +138,17 @@ def test_bad_sizes_are_refused(tmp_path):
     cfg = load_config(None, [f"run.workdir={tmp_path}", "models.zoo.image_size=50"])
     with pytest.raises(ValueError, match="multiple of 28"):
         build_judge(cfg.models.zoo, tmp_path / "j")
+    cfg = load_config(None, [f"run.workdir={tmp_path}", "models.zoo.judge_image_size=100"])
+    with pytest.raises(ValueError, match="judge_image_size=100: must be a multiple of 28"):
+        build_judge(cfg.models.zoo, tmp_path / "j")
+
+
+def test_judge_pixel_budget_only_renames_the_judge(tmp_path):
+    """The judge's image size is part of the judge's cache key only: the cached policy and generator (and the
+    base policies trained from them) stay valid when it changes."""
+    from flywheel.models.zoo import zoo_path
+
+    a = load_config(None, [f"run.workdir={tmp_path}", "models.zoo.judge_image_size=56"])
+    b = load_config(None, [f"run.workdir={tmp_path}", "models.zoo.judge_image_size=112"])
+    assert zoo_path(a, "judge") != zoo_path(b, "judge")
+    assert zoo_path(a, "policy") == zoo_path(b, "policy") and zoo_path(a, "generator") == zoo_path(b, "generator")

@@ -11,7 +11,7 @@ from flywheel.worlds.shapes.policy_config import BasePoliciesConfig, JudgeBaseCo
 
 @pytest.fixture(scope="module")
 def small():
-    return BasePoliciesConfig(policy={"steps": 3, "batch_size": 4, "warmup_steps": 0},
+    return BasePoliciesConfig(policy={"steps": 3, "batch_size": 4, "warmup_steps": 0}, eval_items=12,
                               judge={"pretrain": {"steps": 2, "batch_size": 4, "warmup_steps": 0}},
                               generator={"vae_steps": 2, "unet_steps": 2, "batch_size": 4, "vae_batch_size": 4})
 
@@ -51,6 +51,7 @@ def test_base_judge_trains_caches_and_judges(cfg, zoo, small, tmp_path):
 
     path, metrics = build_base_judge(zoo["judge"], tmp_path, cfg.world.shapes, small, seed=0)
     assert metrics["train_seconds"] > 0 and metrics["sft_loss"] > 0
+    assert 0 <= metrics["perception/accuracy"] <= 1 and "perception/accuracy/colour" in metrics
     assert build_base_judge(zoo["judge"], tmp_path, cfg.world.shapes, small, seed=0) == (path, metrics)
     assert (path / "config.json").read_text().count("qwen2_vl") and (path / "processor_config.json").exists()
     engine = HFTextEngine(str(path), GenerationConfig(max_new_tokens=4))

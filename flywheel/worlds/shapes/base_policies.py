@@ -79,5 +79,18 @@ def build_base_judge(zoo_judge: Path, root: Path, world: ShapesWorldConfig, cfg:
     and degraded renders. It can see; it has never judged."""
     out = judge_dir(zoo_judge, root, world, cfg, seed)
     examples = perception_examples(world, cfg.judge)
+
+    def train(tmp: Path) -> dict:
+        from flywheel.config import GenerationConfig
+        from flywheel.engines.hf import HFTextEngine
+        from flywheel.worlds.shapes.policy_eval import evaluate_text_policy
+
+        stats = pretrain_policy(zoo_judge, tmp, examples, cfg.judge.pretrain, seed)
+        # How well it sees, on held-out renders (the policies' question types): its starting point as a number.
+        engine = HFTextEngine(str(tmp), GenerationConfig(max_new_tokens=64, temperature=0.0, batch_size=16))
+        seen = evaluate_text_policy(engine, world, n=cfg.eval_items, seed=seed)
+        keep = [k for k in seen if (k.startswith("accuracy") or k == "caption_recall") and seen[k] == seen[k]]
+        return stats | {f"perception/{k}": seen[k] for k in keep}  # NaN (no captions parsed) left out
+
     log.info("base judge: Qwen2-VL perception SFT → %s", out)
-    return _build(out, lambda tmp: pretrain_policy(zoo_judge, tmp, examples, cfg.judge.pretrain, seed))
+    return _build(out, train)

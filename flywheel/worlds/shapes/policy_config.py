@@ -44,4 +44,5 @@ class BasePoliciesConfig(BaseModel):
                                                description="SDXL VAE + UNet pretraining settings.")
     judge: JudgeBaseConfig = Field(default_factory=JudgeBaseConfig, description="The perceiving judge base "
                                    "(`world:judge`).")
-    eval_items: int = Field(200, ge=10, description="Held-out items for the starting oracle scores.")
+    eval_items: int = Field(200, ge=10, description="Held-out questions on which the judge base's perception is "
+                            "measured when it is built.")
