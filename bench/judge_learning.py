@@ -40,27 +40,38 @@ def main() -> None:
                     help="zoo: the random judge; world: the perceiving base (built and cached in the workdir).")
     ap.add_argument("--set", nargs="*", default=[], help="Config overrides, e.g. of world.base_policies.judge.")
     ap.add_argument("--out", default="runs/bench-judge-learning")
+    ap.add_argument("--stage", choices=["all", "train", "eval"], default="all",
+                    help="train: stop after saving <out>/model (no Ray); eval: meta-evaluate an existing <out>/model.")
     args = ap.parse_args()
     torch.set_num_threads(2)
 
     from flywheel.config import load_config
-    from flywheel.evaluate import meta
-    from flywheel.models.zoo import build_world, resolve_model_path
-    from flywheel.raycluster import init_ray
-    from flywheel.train import hf
-    from flywheel.train.data import read_training_data, sft_rows, to_hf_dataset
-    from flywheel.train.sft import build_trainer
+    from flywheel.models.zoo import build_world
+    from flywheel.train.data import read_training_data
 
     work, out = Path(args.workdir).resolve(), Path(args.out).resolve()
+    # build_world builds every world model the config names: its own judge (from --base) and the policies
     cfg = load_config(args.config, [f"run.workdir={work}", f"models.judge.path={args.base}:judge", *args.set])
     tasks = None if args.tasks == "all" else set(args.tasks.split(","))
     rows = [r for it in args.iterations.split(",")
             for r in read_training_data(str(work / "data" / "iterations" / it / "curated" / "sft"), "sft").rows
             if tasks is None or r["task"] in tasks]
     print(f"{len(rows)} SFT rows from iterations {args.iterations}, tasks {args.tasks}", flush=True)
-    t0 = time.perf_counter()
-    build_world(cfg)  # cached
-    print(f"base {cfg.models.judge.path} ready in {time.perf_counter() - t0:.0f} s", flush=True)
+    if args.stage != "eval":
+        t0 = time.perf_counter()
+        build_world(cfg)  # cached
+        print(f"base {cfg.models.judge.path} ready in {time.perf_counter() - t0:.0f} s", flush=True)
+        train_judge(cfg, rows, args, out)
+    if args.stage != "train":
+        evaluate(args, work, out)
+
+
+def train_judge(cfg, rows: list[dict], args, out: Path) -> None:
+    from flywheel.models.zoo import resolve_model_path
+    from flywheel.train import hf
+    from flywheel.train.data import sft_rows, to_hf_dataset
+    from flywheel.train.sft import build_trainer
+
     base = resolve_model_path(cfg.models.judge, cfg)
     model, processor = hf.load_vlm(base)
     settings = cfg.train.resolved("judge_sft").model_copy(update={
@@ -73,6 +84,12 @@ def main() -> None:
     print(f"trained {args.steps} steps in {time.perf_counter() - t0:.0f} s", flush=True)
     trainer.model.save_pretrained(out / "model")
     processor.save_pretrained(out / "model")
+
+
+def evaluate(args, work: Path, out: Path) -> None:
+    from flywheel.config import load_config
+    from flywheel.evaluate import meta
+    from flywheel.raycluster import init_ray
 
     ecfg = load_config(args.config, [f"run.workdir={work}", f"models.judge.path={out / 'model'}",
                                      f"storage.uri={out / 'data'}"])
