@@ -76,8 +76,9 @@ class ZooConfig(_Strict):
 
     image_size: int = Field(56, description="Side of images the tiny models see and make; a multiple of 28.")
     judge_image_size: int = Field(
-        56, description="Side the judge's processor resizes every image to (Qwen2-VL's pixel budget; a multiple "
-        "of 28): (side/28)^2 image tokens per image.")
+        112, description="Side the judge's processor resizes every image to (Qwen2-VL's pixel budget; a multiple "
+        "of 28): (side/28)^2 image tokens per image. Measured, 800 steps on the world's 'What colour is the "
+        "<shape>?': at 56 px (4 tokens) the tiny judge stayed at chance (0.12), at 112 px it reached 0.56.")
     vocab_size: int = Field(1024, ge=300, description="Target vocabulary of the locally trained byte-level BPE.")
     text_hidden: int = Field(128, description="Hidden size of the judge's and policy's language models.")
     text_layers: int = Field(2, description="Decoder layers of the judge's and policy's language models.")

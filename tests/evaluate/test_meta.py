@@ -16,7 +16,8 @@ from flywheel.worlds.shapes.oracle_config import TeacherConfig
 @pytest.fixture(scope="module")
 def gold_uri(tmp_path_factory, cfg, zoo):
     root = tmp_path_factory.mktemp("meta")
-    c = load_config(None, [f"run.workdir={cfg.run.workdir}", "world.suites.prompts_per_subtask=8",
+    c = load_config(None, [f"run.workdir={cfg.run.workdir}", "models.judge.path=zoo:judge",
+                           "world.suites.prompts_per_subtask=8",
                            "world.gold.prompts_per_subtask=1", "world.gold.max_pairs_per_prompt=1",
                            "judge.generation.max_new_tokens=8",
                            "world.gold.splits=[id-test, ood-test]"])
