@@ -73,7 +73,8 @@ def main() -> None:
     from flywheel.train.synthetic import write_synthetic
 
     workdir = args.workdir or tempfile.mkdtemp(prefix="flywheel-bench-train-")
-    overrides = [f"run.workdir={workdir}", "models.judge.path=zoo:judge", "models.policy.path=zoo:policy", "models.generator.path=zoo:generator",
+    overrides = [f"run.workdir={workdir}", "models.judge.path=zoo:judge",
+                 "models.policy.path=zoo:policy", "models.generator.path=zoo:generator",
                  "resources.train.actors=1", "resources.train.num_cpus=1",
                  f"train.batch_size={args.batch_size}", f"train.save_steps={args.save_steps}",
                  "train.logging_steps=1", f"train.judge_sft.max_steps={args.steps}",

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from tiny_iteration import ZOO_MODELS
+
 from flywheel.config import REPO_ROOT, Config, load_config
 
 
@@ -14,11 +16,7 @@ def session_workdir(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="session")
 def cfg(session_workdir) -> Config:
-    # Tests use the random zoo models: the trained world bases take minutes (they have their own tests).
-    return load_config(REPO_ROOT / "configs" / "local.yaml", [f"run.workdir={session_workdir}",
-                                                                "models.judge.path=zoo:judge",
-                                                                "models.policy.path=zoo:policy",
-                                                                "models.generator.path=zoo:generator"])
+    return load_config(REPO_ROOT / "configs" / "local.yaml", [f"run.workdir={session_workdir}", *ZOO_MODELS])
 
 
 @pytest.fixture(scope="session")

@@ -1,3 +1,4 @@
+from tiny_iteration import ZOO_MODELS
 from typer.testing import CliRunner
 
 from flywheel.cli import app
@@ -21,8 +22,7 @@ def test_bad_config_exits_2_with_the_reason(tmp_path):
 
 
 def test_models_build_lists_three_checkpoints(cfg, zoo):
-    result = runner.invoke(app, ["models", "build", f"run.workdir={cfg.run.workdir}", "models.judge.path=zoo:judge", "models.policy.path=zoo:policy",
-                                 "models.generator.path=zoo:generator"])
+    result = runner.invoke(app, ["models", "build", f"run.workdir={cfg.run.workdir}", *ZOO_MODELS])
     assert result.exit_code == 0, result.output
     for name, path in zoo.items():
         assert name in result.output and str(path) in result.output.replace("\n", "")

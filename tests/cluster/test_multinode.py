@@ -31,6 +31,7 @@ from pathlib import Path
 
 import pytest
 from mlflow import MlflowClient
+from tiny_iteration import ZOO_MODELS
 
 from flywheel.config import REPO_ROOT
 
@@ -47,7 +48,7 @@ PLACEMENT = ["resources.labeling={actors: 2, num_cpus: 1, num_gpus: 1, resources
              "resources.train={actors: 2, num_cpus: 1, num_gpus: 1, resources: {train: 1}}",
              "resources.serve={actors: 1, num_cpus: 1, num_gpus: 1, resources: {serve: 1}}",
              "resources.candidates={actors: 1, num_cpus: 1}"]
-TINY = ["models.judge.path=zoo:judge", "models.policy.path=zoo:policy", "models.generator.path=zoo:generator", "world.suites.prompts_per_subtask=4",
+TINY = [*ZOO_MODELS, "world.suites.prompts_per_subtask=4",
         "candidates.samples_per_prompt=2", "judgments.samples_per_item=1", "judgments.batch_size=2",
         "generator.generation.num_inference_steps=2", "policy.generation.max_new_tokens=8",
         "judge.generation.max_new_tokens=16", "train.judge_sft.epochs=1"]

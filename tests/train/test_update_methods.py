@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from safetensors.torch import load_file
+from tiny_iteration import ZOO_MODELS
 
 from flywheel.config import REPO_ROOT, load_config
 from flywheel.datasets import write_dataset
@@ -24,7 +25,7 @@ TEXT_MEASURES = {"accuracy", "caption_recall", "format_valid", "repetition_rate"
 
 def _cfg(cfg, *extra):
     return load_config(REPO_ROOT / "configs" / "local.yaml", [
-        f"run.workdir={cfg.run.workdir}", "models.judge.path=zoo:judge", "models.policy.path=zoo:policy", "models.generator.path=zoo:generator",
+        f"run.workdir={cfg.run.workdir}", *ZOO_MODELS,
         "train.batch_size=4", "train.save_steps=1000", "train.logging_steps=1", "policy.generation.max_new_tokens=12",
         "judge.generation.max_new_tokens=16", *extra])
 

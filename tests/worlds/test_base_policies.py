@@ -86,3 +86,12 @@ def test_perception_examples_degrade_images_not_answers(cfg):
     assert same >= 34, same
     # no faults: an existence question is answered from the scene (the base policy's yes-bias is absent)
     assert {"Yes.", "No."} <= {r["completion"][0]["content"][0]["text"] for r in clean}
+
+
+def test_judge_base_config_refuses_a_reversed_resolution_range():
+    import pydantic
+
+    with pytest.raises(pydantic.ValidationError, match="low_res must be"):
+        JudgeBaseConfig(low_res=(36, 20))
+    with pytest.raises(pydantic.ValidationError, match="low_res must be"):
+        JudgeBaseConfig(low_res=(0, 20))

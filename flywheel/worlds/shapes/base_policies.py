@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import shutil
 from pathlib import Path
 
@@ -89,8 +90,8 @@ def build_base_judge(zoo_judge: Path, root: Path, world: ShapesWorldConfig, cfg:
         # How well it sees, on held-out renders (the policies' question types): its starting point as a number.
         engine = HFTextEngine(str(tmp), GenerationConfig(max_new_tokens=64, temperature=0.0, batch_size=16))
         seen = evaluate_text_policy(engine, world, n=cfg.eval_items, seed=seed)
-        keep = [k for k in seen if (k.startswith("accuracy") or k == "caption_recall") and seen[k] == seen[k]]
-        return stats | {f"perception/{k}": seen[k] for k in keep}  # NaN (no captions parsed) left out
+        return stats | {f"perception/{k}": v for k, v in seen.items()  # NaN (no caption parsed) left out
+                        if (k.startswith("accuracy") or k == "caption_recall") and not math.isnan(v)}
 
     log.info("base judge: Qwen2-VL perception SFT → %s", out)
     return _build(out, train)

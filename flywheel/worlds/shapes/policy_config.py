@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from flywheel.models.pretrain_config import GeneratorPretrainConfig, PolicyPretrainConfig
 
@@ -34,6 +34,13 @@ class JudgeBaseConfig(BaseModel):
     low_res: tuple[int, int] = Field((20, 36), description="Degraded images are drawn at a side in this range "
                                      "(px), then scaled back up.")
     max_blur: float = Field(1.5, ge=0, description="Largest Gaussian blur radius (px) of a degraded image.")
+
+    @field_validator("low_res")
+    @classmethod
+    def _ordered_sides(cls, v: tuple[int, int]) -> tuple[int, int]:
+        if not 1 <= v[0] <= v[1]:
+            raise ValueError(f"low_res must be (smallest, largest) side in px with 1 <= smallest <= largest, got {v}")
+        return v
 
 
 class BasePoliciesConfig(BaseModel):
