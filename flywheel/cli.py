@@ -102,7 +102,8 @@ def eval_judge(data: Annotated[Path, typer.Option(help="Labeled JSONL (format: f
     if not items:
         console.print(f"[red]no valid items in {data}[/red]")
         raise typer.Exit(2)
-    metrics = evaluate_labeled(make_text_engine(cfg, "judge"), items, cfg.judge.prompt_style)
+    metrics = evaluate_labeled(make_text_engine(cfg, "judge"), items, cfg.judge.prompt_style,
+                               cfg.judge.rating_readout)
     console.print(f"{len(items)} items ({len(refused)} refused) judged by {judge}:")
     for k, v in metrics.items():
         console.print(f"  {k:36s} {v:.4f}")

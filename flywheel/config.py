@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from flywheel.curate.config import CurateConfig
 from flywheel.records import RecordLimits
@@ -112,6 +112,9 @@ class GenerationConfig(_Strict):
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass.")
     top_k: int = Field(0, ge=0, description="0 disables top-k (transformers would otherwise default to 50).")
     batch_size: int = Field(8, ge=1, description="Items per forward batch.")
+    top_logprobs: int = Field(0, ge=0, le=20, description="Most likely tokens returned with their "
+                              "log-probabilities at every generated position (0: none). The judge's "
+                              "rating_readout=expected reads the ratings' probabilities from them.")
 
 
 class ImageGenerationConfig(_Strict):
@@ -161,9 +164,21 @@ class JudgeConfig(_Strict):
         "(teacher labels, judge training data, meta-eval, Serve): minos = the published instructions and rubric "
         "(~480 tokens); compact = a one-line header over the same fields, for judges too small to read "
         "instructions (the embedded tiny judge). The output format is the same.")
+    rating_readout: Literal["text", "expected"] = Field(
+        "text", description="The score of a pointwise judgment: text = the rating the judge wrote; expected = "
+        "the mean rating under the judge's probabilities at the rating it wrote (G-Eval's probability-weighted "
+        "score), which orders candidates a small judge would rate equal. Needs generation.top_logprobs >= 5; "
+        "an engine that returns no log-probabilities (the oracle) keeps the written rating.")
     generation: GenerationConfig = Field(GenerationConfig(), description="Decoding of judge outputs.")
     vllm: VLLMConfig = Field(VLLMConfig(), description="Used when engine is vllm.")
     http: HttpEngineConfig = Field(HttpEngineConfig(), description="Used when engine is http.")
+
+    @model_validator(mode="after")
+    def _readout_needs_logprobs(self):
+        if self.rating_readout == "expected" and self.generation.top_logprobs < 5:
+            raise ValueError("judge.rating_readout=expected reads the probabilities of the ratings 1-5: set "
+                             f"judge.generation.top_logprobs >= 5 (it is {self.generation.top_logprobs})")
+        return self
 
 
 class PolicyConfig(_Strict):

@@ -79,6 +79,13 @@ def test_bad_override_is_blamed_not_the_file():
         parse_override("train.lr")
 
 
+def test_expected_rating_readout_needs_the_ratings_logprobs():
+    with pytest.raises(ConfigError, match="judge.generation.top_logprobs >= 5"):
+        load_config(None, ["judge.rating_readout=expected", "judge.generation.top_logprobs=0"])
+    cfg = load_config(None, ["judge.rating_readout=expected", "judge.generation.top_logprobs=5"])
+    assert cfg.judge.rating_readout == "expected"
+
+
 def test_missing_and_malformed_files(tmp_path):
     with pytest.raises(ConfigError, match="not found"):
         load_config(tmp_path / "nope.yaml")

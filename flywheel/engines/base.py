@@ -32,12 +32,24 @@ class TextRequest:
     context: dict[str, Any] | None = None
 
 
+@dataclass(frozen=True)
+class TokenLogprobs:
+    """One generated token: its text, its log-probability, and the `top_logprobs` most likely tokens at that
+    position with theirs (the model's raw distribution, before temperature or top-p)."""
+
+    token: str
+    logprob: float
+    top: dict[str, float]
+
+
 @dataclass
 class TextResult:
     text: str | None = None
     error: str | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    # Per generated token, when the engine was asked for `generation.top_logprobs` > 0 and can give them.
+    logprobs: list[TokenLogprobs] | None = None
 
     @property
     def ok(self) -> bool:

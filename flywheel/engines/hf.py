@@ -9,7 +9,8 @@ from PIL import Image
 
 import flywheel.models.processors  # noqa: F401  (registers the image-only Qwen2-VL processor)
 from flywheel.config import GenerationConfig
-from flywheel.engines.base import TextEngine, TextRequest, TextResult, check_text_request, resolve_device, run_batched
+from flywheel.engines.base import (TextEngine, TextRequest, TextResult, TokenLogprobs, check_text_request,
+                                   resolve_device, run_batched)
 from flywheel.models.versions import checkpoint_name, checkpoint_version
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -24,6 +25,7 @@ class HFTextEngine(TextEngine):
         self.processor = AutoProcessor.from_pretrained(model_path)
         self.model = AutoModelForImageTextToText.from_pretrained(model_path, dtype=DTYPES[dtype]).to(self.device).eval()
         self.tokenizer = self.processor.tokenizer
+        self._token_text: dict[int, str] = {}  # id -> decoded text, for the top_logprobs alternatives
         self.name = f"hf:{checkpoint_name(model_path)}"
         self.version = checkpoint_version(model_path)
 
@@ -55,6 +57,7 @@ class HFTextEngine(TextEngine):
         g = self.generation
         sample = g.temperature > 0
         torch.manual_seed(seed)
+        want_logprobs = g.top_logprobs > 0
         out = self.model.generate(
             **inputs,
             max_new_tokens=g.max_new_tokens,
@@ -63,15 +66,40 @@ class HFTextEngine(TextEngine):
             top_p=g.top_p if sample else None,
             top_k=g.top_k if sample else None,
             pad_token_id=self.tokenizer.pad_token_id,
+            # raw logits (not the temperature/top-p processed scores): the model's own distribution
+            output_logits=want_logprobs,
+            return_dict_in_generate=True,
         )
-        new = out[:, inputs["input_ids"].shape[1] :]
+        new = out.sequences[:, inputs["input_ids"].shape[1] :]
         prompt_lens = inputs["attention_mask"].sum(dim=1).tolist()
         results = []
-        for row, n_prompt in zip(new, prompt_lens, strict=True):
+        for r, (row, n_prompt) in enumerate(zip(new, prompt_lens, strict=True)):
             n_out = int((row != self.tokenizer.pad_token_id).sum())
             text = self.tokenizer.decode(row, skip_special_tokens=True)
-            results.append(TextResult(text=text, prompt_tokens=int(n_prompt), completion_tokens=n_out))
+            logprobs = self._logprobs(out.logits, r, row, g.top_logprobs) if want_logprobs else None
+            results.append(TextResult(text=text, prompt_tokens=int(n_prompt), completion_tokens=n_out,
+                                      logprobs=logprobs))
         return results
+
+    def _logprobs(self, logits: tuple, r: int, row: torch.Tensor, k: int) -> list[TokenLogprobs]:
+        """Row r's generated tokens up to its first special token, each with the k most likely tokens."""
+        special = set(self.tokenizer.all_special_ids)
+        out = []
+        for step, tok in enumerate(row.tolist()):
+            if tok in special:
+                break
+            lp = torch.log_softmax(logits[step][r].float(), dim=-1)
+            top = torch.topk(lp, k)
+            alternatives: dict[str, float] = {}
+            for v, i in zip(top.values.tolist(), top.indices.tolist(), strict=True):
+                alternatives.setdefault(self._text(i), float(v))  # two ids spelling one text: keep the likelier
+            out.append(TokenLogprobs(self._text(tok), float(lp[tok]), alternatives))
+        return out
+
+    def _text(self, token_id: int) -> str:
+        if token_id not in self._token_text:
+            self._token_text[token_id] = self.tokenizer.decode([token_id])
+        return self._token_text[token_id]
 
     def close(self) -> None:
         del self.model

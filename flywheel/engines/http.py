@@ -10,6 +10,10 @@ What it promises beyond the engine contract (flywheel/engines/base.py):
   to the active MLflow run, if any (metrics `http.*`);
 - the API key comes only from the environment variable named in config (`api_key_env`), never from config.
 
+With `generation.top_logprobs` = k > 0 the body asks for `logprobs: true, top_logprobs: k` and the result's
+`logprobs` is read from `choices[0].logprobs.content`; a server that answers without them (null or missing) gives
+`logprobs=None`, not an error: the text is still good, and readers fall back to it (the judge's written rating).
+
 Images travel as `data:image/png;base64,...` URLs inside `image_url` parts (the only image form our Serve app
 accepts; OpenAI and vLLM accept it too). The HTTP client is aiohttp (a dependency of ray[serve] and mlflow).
 """
@@ -29,7 +33,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from flywheel.config import GenerationConfig, HttpEngineConfig
-from flywheel.engines.base import TextEngine, TextRequest, TextResult, check_text_request
+from flywheel.engines.base import TextEngine, TextRequest, TextResult, TokenLogprobs, check_text_request
 from flywheel.images import PNG_MAGIC, to_png_bytes
 
 log = logging.getLogger(__name__)
@@ -151,6 +155,9 @@ class HTTPTextEngine(TextEngine):
             body["top_p"] = g.top_p
             if g.top_k > 0:  # not an OpenAI parameter (vLLM and our Serve app take it): sent only when set
                 body["top_k"] = g.top_k
+        if g.top_logprobs > 0:  # only when asked: a server without logprobs support never sees the keys
+            body["logprobs"] = True
+            body["top_logprobs"] = g.top_logprobs
         return body
 
     def _count(self, key: str, **add: float) -> None:
@@ -234,7 +241,24 @@ class HTTPTextEngine(TextEngine):
             self.usage.cost += cost
             if data.get("model_version"):  # our Serve app names the exact model version it served
                 self.version = str(data["model_version"])
-        return TextResult(text=content, prompt_tokens=pt, completion_tokens=ct)
+        return TextResult(text=content, prompt_tokens=pt, completion_tokens=ct,
+                          logprobs=self._logprobs(data) if self.generation.top_logprobs > 0 else None)
+
+    def _logprobs(self, data: dict) -> list[TokenLogprobs] | None:
+        """`choices[0].logprobs.content` as TokenLogprobs; None when the server sent none, or a shape we cannot
+        read (logged): the text is fine either way, so the request does not fail over its logprobs."""
+        lp = data["choices"][0].get("logprobs")
+        content = lp.get("content") if isinstance(lp, dict) else None
+        if content is None:
+            return None
+        try:
+            return [TokenLogprobs(str(t["token"]), float(t["logprob"]),
+                                  {str(a["token"]): float(a["logprob"]) for a in t.get("top_logprobs") or []})
+                    for t in content]
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            log.warning("http engine: unreadable logprobs in the response (%s: %s); returning none",
+                        type(e).__name__, e)
+            return None
 
     def _log_usage(self) -> None:
         """Cumulative counters to the active MLflow run (step = generate calls so far); silent without one."""

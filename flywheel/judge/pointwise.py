@@ -8,9 +8,11 @@ to every combination of input images, query, output text, output images and refe
 """
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from flywheel.engines.base import TextRequest
+from flywheel.engines.base import TextRequest, TextResult, TokenLogprobs
 from flywheel.judge import base
 from flywheel.judge.base import IMAGE, ParseError, strict
 from flywheel.judge.guidelines import Guideline, get_guideline
@@ -129,8 +131,40 @@ def parse(raw: str) -> PointwiseJudgment | ParseError:
     return base.make(PointwiseJudgment, analysis, rating)
 
 
-def to_judgment_fields(x: PointwiseJudgment | ParseError) -> dict:
-    """score = the rating (1..5); parsed = {"rating": N}; analysis = the analysis."""
+def _rating_of(token: str) -> int | None:
+    t = token.strip().removesuffix(".").strip()
+    return int(t) if t.isascii() and t.isdigit() and RATING_MIN <= int(t) <= RATING_MAX else None
+
+
+def expected_rating(rating: int, logprobs: Sequence[TokenLogprobs]) -> float | None:
+    """The mean rating under the judge's probabilities at the token where it wrote `rating` (G-Eval's
+    probability-weighted score: it orders candidates that a small judge's argmax rates equal). The ratings among
+    that position's top alternatives are renormalised; tokens that spell the same rating (" 4", "4") add up.
+    None when no generated token spells the rating (the caller keeps the written rating)."""
+    at = next((t for t in reversed(logprobs) if _rating_of(t.token) == rating), None)
+    if at is None:
+        return None
+    mass: dict[int, float] = {}
+    for token, lp in {**at.top, at.token: at.logprob}.items():
+        r = _rating_of(token)
+        if r is not None:
+            mass[r] = mass.get(r, 0.0) + math.exp(lp)
+    total = sum(mass.values())
+    return sum(r * p for r, p in mass.items()) / total if total > 0 else None
+
+
+def to_judgment_fields(x: PointwiseJudgment | ParseError, logprobs: Sequence[TokenLogprobs] | None = None) -> dict:
+    """score = the rating (1..5), or with `logprobs` its expected value (expected_rating); parsed = {"rating": N}
+    (+ "expected_rating"); analysis = the analysis. A parse failure stays a failure whatever the logprobs say."""
     if isinstance(x, ParseError):
         return base.error_fields(x)
-    return base.fields(parsed={"rating": x.rating}, score=x.rating, analysis=x.analysis)
+    expected = expected_rating(x.rating, logprobs) if logprobs else None
+    if expected is None:
+        return base.fields(parsed={"rating": x.rating}, score=x.rating, analysis=x.analysis)
+    return base.fields(parsed={"rating": x.rating, "expected_rating": expected}, score=expected,
+                       analysis=x.analysis)
+
+
+def result_fields(res: TextResult, readout: str = "text") -> dict:
+    """The judgment fields of one engine result (which must be ok); readout: judge.rating_readout."""
+    return to_judgment_fields(parse(res.text), res.logprobs if readout == "expected" else None)

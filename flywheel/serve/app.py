@@ -231,8 +231,9 @@ class JudgeServer:
     @app.post("/v1/judge/pointwise")
     async def pointwise(self, request: Request) -> dict:
         body = await self._body(request, PointwiseBody)
-        return await self._judge("pointwise", await asyncio.to_thread(plan_pointwise, body, self.limits,
-                                                                 self.cfg.judge.prompt_style), body.seed)
+        plan = await asyncio.to_thread(plan_pointwise, body, self.limits, self.cfg.judge.prompt_style,
+                                       self.cfg.judge.rating_readout)
+        return await self._judge("pointwise", plan, body.seed)
 
     @app.post("/v1/judge/pairwise")
     async def pairwise(self, request: Request) -> dict:
@@ -258,7 +259,8 @@ class JudgeServer:
         result = (await self._run([req], gen, seed))[0]
         if not result.ok:
             raise RequestError(500, f"generation failed: {result.error}", "server_error")
-        return chat_response(result, self.cfg.serve.model_name, self.served.version, gen.max_new_tokens)
+        return chat_response(result, self.cfg.serve.model_name, self.served.version, gen.max_new_tokens,
+                             body.top_logprobs or 0)
 
 
 # ---------------------------------------------------------------------------- building & deploying

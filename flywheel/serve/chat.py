@@ -1,5 +1,9 @@
 """The OpenAI-compatible route as plain functions: a chat-completions body -> one TextRequest + the decoding
-settings it asks for, and a TextResult -> the chat.completion response object."""
+settings it asks for, and a TextResult -> the chat.completion response object.
+
+Log-probabilities follow OpenAI: `logprobs: true` returns each output token's log-probability, `top_logprobs`
+(0-20, only with logprobs) as many alternatives per position; they are the model's raw distribution (engines
+report it before temperature and top-p)."""
 
 from __future__ import annotations
 
@@ -7,7 +11,7 @@ import time
 import uuid
 
 from flywheel.config import GenerationConfig, ServeLimitsConfig
-from flywheel.engines.base import TextRequest, TextResult
+from flywheel.engines.base import TextRequest, TextResult, TokenLogprobs
 from flywheel.serve.schemas import ChatBody, count_images, decode_png, invalid
 
 
@@ -48,11 +52,39 @@ def chat_request(body: ChatBody, limits: ServeLimitsConfig, default: GenerationC
         updates["top_p"] = body.top_p
     if body.top_k is not None:
         updates["top_k"] = body.top_k
+    updates["top_logprobs"] = _engine_top_logprobs(body)
     gen = default.model_copy(update=updates)
     return TextRequest(messages=messages, images=images), gen, body.seed or 0
 
 
-def chat_response(result: TextResult, model_name: str, model_version: str, max_tokens: int) -> dict:
+def _engine_top_logprobs(body: ChatBody) -> int:
+    """The engine's top_logprobs for this body. Always set, so the judge's own setting (rating_readout=expected
+    asks for logprobs) never leaks into a chat that did not ask. Engines give the chosen token's logprob only with
+    k >= 1, so logprobs without top_logprobs asks for 1 (the response then shows none, see chat_response)."""
+    if body.top_logprobs is not None and not body.logprobs:
+        raise invalid("top_logprobs needs logprobs: true")
+    return max(1, body.top_logprobs or 0) if body.logprobs else 0
+
+
+def chat_logprobs(logprobs: list[TokenLogprobs] | None, top_logprobs: int | None = None) -> dict | None:
+    """OpenAI's `choices[0].logprobs`: {"content": [{token, logprob, bytes, top_logprobs: [{token, logprob,
+    bytes}]}]}, alternatives most likely first, at most `top_logprobs` of them (None: all the engine gave).
+    `bytes` is null: engines give a token's decoded text, not its raw bytes (a token holding part of a UTF-8
+    character decodes to U+FFFD, so encoding the text back would be wrong)."""
+    if logprobs is None:
+        return None
+    content = []
+    for t in logprobs:
+        top = sorted(t.top.items(), key=lambda kv: -kv[1])[:top_logprobs]
+        content.append({"token": t.token, "logprob": t.logprob, "bytes": None,
+                        "top_logprobs": [{"token": a, "logprob": lp, "bytes": None} for a, lp in top]})
+    return {"content": content}
+
+
+def chat_response(result: TextResult, model_name: str, model_version: str, max_tokens: int,
+                  top_logprobs: int | None = None) -> dict:
+    """`top_logprobs`: the body's (0 for logprobs without it); None shows every alternative the engine returned.
+    Logprobs appear only if the engine returned them, i.e. only if the body asked (chat_request)."""
     return {
         "id": f"chatcmpl-{uuid.uuid4().hex[:24]}",
         "object": "chat.completion",
@@ -62,7 +94,7 @@ def chat_response(result: TextResult, model_name: str, model_version: str, max_t
         "system_fingerprint": model_version,
         "choices": [{"index": 0, "message": {"role": "assistant", "content": result.text},
                      "finish_reason": "length" if result.completion_tokens >= max_tokens else "stop",
-                     "logprobs": None}],
+                     "logprobs": chat_logprobs(result.logprobs, top_logprobs)}],
         "usage": {"prompt_tokens": result.prompt_tokens, "completion_tokens": result.completion_tokens,
                   "total_tokens": result.prompt_tokens + result.completion_tokens},
     }

@@ -68,7 +68,14 @@ def outcome(result: TextResult, parse: Callable[[str], Any], fields: Callable[[A
 
 
 # ---------------------------------------------------------------- pointwise
-def plan_pointwise(body: PointwiseBody, limits: ServeLimitsConfig, style: str = "minos") -> Plan:
+def _pointwise_outcome(result: TextResult, readout: str) -> dict:
+    if not result.ok:
+        return outcome(result, pt.parse, pt.to_judgment_fields)
+    return {"raw": result.text, "error": None, **pt.result_fields(result, readout)}
+
+
+def plan_pointwise(body: PointwiseBody, limits: ServeLimitsConfig, style: str = "minos",
+                   readout: str = "text") -> Plan:
     count_items(len(body.items), limits)
     count_images(sum(_n_images(it.prompt, it.candidate) for it in body.items), limits)
     requests = []
@@ -79,7 +86,7 @@ def plan_pointwise(body: PointwiseBody, limits: ServeLimitsConfig, style: str = 
         requests.append(_build(where, pt.build, prompt, cand, use_reference=it.use_reference, style=style))
 
     def assemble(results: list[TextResult]) -> list[dict]:
-        return [{"candidate_id": it.candidate.candidate_id, **outcome(r, pt.parse, pt.to_judgment_fields)}
+        return [{"candidate_id": it.candidate.candidate_id, **_pointwise_outcome(r, readout)}
                 for it, r in zip(body.items, results, strict=True)]
 
     return Plan(requests, assemble)

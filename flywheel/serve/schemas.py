@@ -138,6 +138,9 @@ class ChatBody(_In):
     top_p: float | None = Field(None, gt=0, le=1)
     top_k: int | None = Field(None, ge=0, description="Extension (vLLM's): 0 disables.")
     seed: int | None = None
+    logprobs: bool | None = Field(None, description="Return each output token's log-probability.")
+    top_logprobs: int | None = Field(None, ge=0, le=20, description="Only with logprobs: how many most likely "
+                                     "tokens to return per position, with their log-probabilities (0-20).")
     n: int = Field(1, ge=1, le=1, description="Only one choice per request.")
     stream: Literal[False] = Field(False, description="Streaming is not supported.")
     user: str | None = None

@@ -104,6 +104,7 @@ class JudgmentsCore:
         self.cfg, self.role = cfg, role
         self.jcfg = judgments or cfg.judgments
         self.style = cfg.judge.prompt_style
+        self.readout = cfg.judge.rating_readout if role == "judge" else "text"  # the teacher's rating is its label
         if candidates is None:
             if candidates_uri is None:
                 raise ValueError("JudgmentsCore needs candidates or candidates_uri")
@@ -224,7 +225,7 @@ class JudgmentsCore:
         if not res.ok:
             self._reject(out, i, p, [c], "pointwise", k, f"engine error: {res.error}")
             return []
-        return [self._row(p, [c], "pointwise", k, res.text, pt.to_judgment_fields(pt.parse(res.text)))]
+        return [self._row(p, [c], "pointwise", k, res.text, pt.result_fields(res, self.readout))]
 
     def _pair_aspects(self, p: dict, a: dict) -> list[Any]:
         mode = self.jcfg.pairwise_aspects

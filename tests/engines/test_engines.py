@@ -139,3 +139,20 @@ def test_engines_run_on_the_gpu_they_were_given(monkeypatch, policy):
     assert resolve_device("cpu") == "cpu" and resolve_device("cuda:1") == "cuda:1"
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert resolve_device() == "cuda" and resolve_device("auto") == "cuda"
+
+
+def test_hf_engine_returns_the_models_top_logprobs_per_generated_token(cfg, zoo):
+    cfg = cfg.model_copy(deep=True)
+    cfg.judge.generation.max_new_tokens = 6
+    cfg.judge.generation.top_logprobs = 0
+    req = _ask("What colour?", [_png("red")])
+    plain = make_text_engine(cfg, "judge").generate([req])[0]
+    assert plain.logprobs is None  # not asked for: nothing extra computed or carried
+    cfg.judge.generation.top_logprobs = 5
+    (res,) = make_text_engine(cfg, "judge").generate([req])
+    assert res.text == plain.text and res.logprobs is not None
+    assert "".join(t.token for t in res.logprobs) == res.text  # tokens spell the output, in order
+    for t in res.logprobs:
+        assert len(t.top) == 5 and all(v <= 0 for v in t.top.values())
+        assert max(t.top, key=t.top.get) == t.token  # greedy: the chosen token is the most likely
+        assert t.logprob == pytest.approx(max(t.top.values()))

@@ -23,6 +23,15 @@ from flywheel.engines.http import HTTPTextEngine, MissingApiKey, openai_messages
 from flywheel.images import PNG_MAGIC
 
 
+# OpenAI's choices[0].logprobs for a two-token answer, with top_logprobs=2 (bytes as OpenAI sends them)
+LOGPROBS = {"content": [
+    {"token": "4", "logprob": -0.25, "bytes": [52],
+     "top_logprobs": [{"token": "4", "logprob": -0.25, "bytes": [52]}, {"token": "3", "logprob": -1.5, "bytes": [51]}]},
+    {"token": ".", "logprob": -0.01, "bytes": [46],
+     "top_logprobs": [{"token": ".", "logprob": -0.01, "bytes": [46]}, {"token": "!", "logprob": -5.0, "bytes": [33]}]},
+]}
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -33,13 +42,16 @@ class FlakyServer:
     """An OpenAI-style /v1/chat/completions whose behaviour is chosen by the user message's text:
     'fail-<status>-<n>': the first n attempts answer <status>, then 200;  'always-<status>': never 200;
     'slow-<n>': the first n attempts take 1 s (longer than the tests' timeout);  'sleep': 0.1 s, then 200;
-    anything else: 200 at once. Records attempts per text, peak concurrency, auth headers and image parts."""
+    anything else: 200 at once. A request with `logprobs: true` gets LOGPROBS as choices[0].logprobs, unless its
+    text is 'nologprobs' (logprobs: null, as a server without support answers). Records attempts per text, peak
+    concurrency, auth headers, request bodies and image parts."""
 
     def __init__(self):
         self.port = free_port()
         self.attempts: Counter[str] = Counter()
         self.auth: list[str | None] = []
         self.images: list[bytes] = []
+        self.bodies: list[dict] = []
         self.in_flight = self.peak = 0
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
@@ -49,6 +61,7 @@ class FlakyServer:
         from aiohttp import web
 
         body = await request.json()
+        self.bodies.append(body)
         self.auth.append(request.headers.get("Authorization"))
         text = ""
         for part in body["messages"][-1]["content"] if isinstance(body["messages"][-1]["content"], list) else [
@@ -76,10 +89,11 @@ class FlakyServer:
                 await asyncio.sleep(1.0)
             if kind == "sleep":
                 await asyncio.sleep(0.1)
+            logprobs = LOGPROBS if body.get("logprobs") and text != "nologprobs" else None
             return web.json_response({
                 "id": "x", "object": "chat.completion", "model": body["model"],
                 "choices": [{"index": 0, "message": {"role": "assistant", "content": f"echo {text}"},
-                             "finish_reason": "stop"}],
+                             "finish_reason": "stop", "logprobs": logprobs}],
                 "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}})
         finally:
             self.in_flight -= 1
@@ -113,10 +127,10 @@ def server():
         yield s
 
 
-def _engine(port: int, **kw) -> HTTPTextEngine:
+def _engine(port: int, top_logprobs: int = 0, **kw) -> HTTPTextEngine:
     http = HttpEngineConfig(base_url=f"http://127.0.0.1:{port}/v1", model="m", backoff_initial_s=0.01,
                             backoff_max_s=0.05, timeout_s=0.5, **kw)
-    return HTTPTextEngine(http, GenerationConfig(max_new_tokens=8))
+    return HTTPTextEngine(http, GenerationConfig(max_new_tokens=8, top_logprobs=top_logprobs))
 
 
 def _ask(text: str, images=()) -> TextRequest:
@@ -243,7 +257,25 @@ def test_make_text_engine_builds_the_http_backend(tmp_path):
                              "judge.http.base_url=http://127.0.0.1:9/v1", "judge.http.max_concurrency=2"])
     eng = make_text_engine(cfg, "judge")
     assert isinstance(eng, HTTPTextEngine) and eng.http.max_concurrency == 2
+    k = cfg.judge.generation.top_logprobs  # the judge's config may ask for them (judge.rating_readout=expected)
     assert eng.payload(_ask("hi"), 3) == {
         "model": "judge", "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}],
-        "max_tokens": cfg.judge.generation.max_new_tokens, "temperature": 0.0, "seed": 3}
+        "max_tokens": cfg.judge.generation.max_new_tokens, "temperature": 0.0, "seed": 3,
+        **({"logprobs": True, "top_logprobs": k} if k else {})}
     json.dumps(eng.payload(_ask("hi", [_png()]), 0))  # serialisable as is
+
+
+def test_logprobs_are_asked_for_only_when_configured_and_mapped(server):
+    from flywheel.engines.base import TokenLogprobs
+
+    plain = _engine(server.port).generate([_ask("ok")])[0]
+    assert plain.ok and plain.logprobs is None
+    assert not {"logprobs", "top_logprobs"} & set(server.bodies[-1])  # k=0: the body is as before
+    eng = _engine(server.port, top_logprobs=2)
+    out = eng.generate([_ask("ok"), _ask("nologprobs")])
+    assert all(b["logprobs"] is True and b["top_logprobs"] == 2 for b in server.bodies[-2:])
+    assert out[0].logprobs == [TokenLogprobs("4", -0.25, {"4": -0.25, "3": -1.5}),
+                               TokenLogprobs(".", -0.01, {".": -0.01, "!": -5.0})]
+    # a server that answers without logprobs: the text still counts, logprobs stay None
+    assert out[1].ok and out[1].text == "echo nologprobs" and out[1].logprobs is None
+    assert eng.usage.failed == 0

@@ -8,6 +8,9 @@ is missing.
 Two checkpoints are compared: the zoo's tiny judge as built, and a copy whose weights are re-drawn at a larger
 scale (std 0.1): a random-initialised tiny model tends to repeat one token, and the larger weights make its greedy
 outputs differ by input, so equality says more.
+
+Both also return top_logprobs=5: vLLM's per-token log-probabilities must be transformers' (the raw distribution),
+and stay raw when the same engine then samples at a temperature (vLLM could report temperature-scaled ones).
 """
 
 from __future__ import annotations
@@ -80,7 +83,7 @@ def test_vllm_greedy_outputs_equal_transformers(cfg, zoo, tmp_path):
     from flywheel.engines.hf import HFTextEngine
 
     models = {"zoo-judge": Path(zoo["judge"]), "sharpened-judge": _sharpened(Path(zoo["judge"]), tmp_path / "sharp")}
-    generation = dict(max_new_tokens=24, temperature=0.0, batch_size=8)
+    generation = dict(max_new_tokens=24, temperature=0.0, batch_size=8, top_logprobs=5)
     reqs = _requests()
     files = []
     for i, (_, imgs) in enumerate(reqs):
@@ -91,7 +94,7 @@ def test_vllm_greedy_outputs_equal_transformers(cfg, zoo, tmp_path):
             names.append(str(f))
         files.append(names)
     spec = {"models": {k: str(v) for k, v in models.items()}, "generation": generation,
-            "vllm": {"max_model_len": 1024},
+            "vllm": {"max_model_len": 1024}, "resample": {"temperature": 0.7},
             "requests": [{"messages": m, "images": f} for (m, _), f in zip(reqs, files, strict=True)]}
     (tmp_path / "spec.json").write_text(json.dumps(spec))
 
@@ -105,6 +108,7 @@ def test_vllm_greedy_outputs_equal_transformers(cfg, zoo, tmp_path):
 
     # transformers, one request at a time (no padding in play): the reference greedy outputs
     hf_gen = GenerationConfig(**{**generation, "batch_size": 1})
+    spelled_whole = 0
     for name, path in models.items():
         hf = HFTextEngine(str(path), hf_gen).generate(
             [TextRequest(messages=m, images=list(imgs)) for m, imgs in reqs])
@@ -113,9 +117,41 @@ def test_vllm_greedy_outputs_equal_transformers(cfg, zoo, tmp_path):
         for i, (h, v) in enumerate(zip(hf, vl, strict=True)):
             assert v["text"] == h.text, f"{name} request {i}: vLLM {v['text']!r} != transformers {h.text!r}"
             assert v["prompt_tokens"] == h.prompt_tokens, (name, i, v, h)
+            spelled_whole += _check_logprobs(v, h, got[f"{name}:resampled"][i], k=5)
         print(f"{name}: {len(hf)} greedy outputs equal, e.g. {hf[0].text!r}", file=sys.stderr)
     # the sharpened model's outputs differ by input: the comparison is not of one repeated token
     assert len({r["text"] for r in got["sharpened-judge"]}) >= 4
+    assert spelled_whole >= len(reqs), spelled_whole  # most lists are not cut short by a special token
+
+
+def _check_logprobs(v: dict, h, resampled: dict, k: int) -> bool:
+    """vLLM's greedy logprobs (JSON of TokenLogprobs) against transformers' (h.logprobs) for one request.
+
+    The engines spell a token that holds part of a UTF-8 character differently: transformers decodes it alone
+    ("\ufffd"), vLLM gives "" and the token completing the character carries all of it. So vLLM's tokens spell
+    the text (but for U+FFFD, see below), tokens are compared with transformers' except where those hold
+    "\ufffd", and alternatives by their log-probabilities, whatever their spelling. True if the tokens spell the
+    whole text."""
+    lps = v["logprobs"]
+    assert lps and h.logprobs and len(lps) == len(h.logprobs), (v, h)
+    for t in lps:
+        assert 0 < len(t["top"]) <= k, t  # fewer only if two alternatives decode alike (e.g. "")
+        # greedy: the chosen token is the most likely one, with the same log-probability
+        assert max(t["top"], key=t["top"].get) == t["token"] and t["top"][t["token"]] == t["logprob"], t
+    # the tokens spell the text, but for U+FFFD: where the random models emit bytes that never complete a UTF-8
+    # character, the text shows U+FFFD and vLLM's tokens "". Both engines end the list at the first special
+    # token: at EOS that is the whole text, at one mid-output (the text skips it) a prefix of it.
+    spelled, text = "".join(t["token"] for t in lps), v["text"].replace("\ufffd", "")
+    whole = len(lps) >= v["completion_tokens"] - 1  # all tokens but a last EOS
+    assert spelled == text if whole else text.startswith(spelled), (whole, spelled, v["text"])
+    for t, ht in zip(lps, h.logprobs, strict=True):
+        assert t["token"] == ht.token or "\ufffd" in ht.token, (t, ht)
+        if len(t["top"]) == len(ht.top) == k:
+            assert sorted(t["top"].values()) == pytest.approx(sorted(ht.top.values()), abs=1e-3), (t, ht)
+    assert [t["logprob"] for t in lps] == pytest.approx([t.logprob for t in h.logprobs], abs=1e-3)
+    # sampled at temperature 0.7, the first position (same context) still reports the raw distribution
+    assert resampled["logprobs"][0]["top"] == pytest.approx(lps[0]["top"], abs=1e-4)
+    return whole
 
 
 def test_vllm_ready_copy_names_the_stock_processor(zoo, tmp_path):

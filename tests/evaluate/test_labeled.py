@@ -86,3 +86,38 @@ def test_cli_eval_runs_a_judge_and_refuses_empty_sets(tmp_path, cfg, zoo):
                             f"run.workdir={cfg.run.workdir}", "judge.generation.max_new_tokens=4"])
     assert r.exit_code == 0, r.output
     assert "pointwise/parse_failure_rate" in r.output and "3 items (4 refused)" in r.output
+
+
+class WritesThreeButLeans(TextEngine):
+    """A stand-in judge that writes "Rating: 3" for every answer but, at the rating token, leans towards 5 for
+    "Red." and towards 1 for "Blue." / "Green." by different amounts (its log-probabilities are scripted)."""
+
+    name, version = "scripted-logprobs", "1"
+    LEAN = {"Red.": 0.5, "Green.": 0.3, "Blue.": 0.1}  # P(" 5"); P(" 1") = 0.6 - P(" 5"); P(" 3") = 0.4
+
+    def generate(self, requests, seed=0):
+        import math
+
+        from flywheel.engines.base import TokenLogprobs
+        out = []
+        for r in requests:
+            text = " ".join(p.get("text", "") for p in r.messages[-1]["content"] if p.get("type") == "text")
+            p5 = next(v for k, v in self.LEAN.items() if k in text)
+            top = {" 3": math.log(0.4), " 5": math.log(p5), " 1": math.log(0.6 - p5)}
+            out.append(TextResult(text="Analysis: a colour.\nRating: 3", logprobs=[
+                TokenLogprobs("Analysis: a colour.\nRating:", 0.0, {"Analysis: a colour.\nRating:": 0.0}),
+                TokenLogprobs(" 3", math.log(0.4), top)]))
+        return out
+
+
+def test_expected_readout_orders_what_the_written_ratings_tie(tmp_path):
+    lines = [{"type": "pointwise", "prompt": PROMPT, "response": {"text": t}, "score": s}
+             for t, s in (("Red.", 5), ("Green.", 3), ("Blue.", 1))]
+    path = tmp_path / "l.jsonl"
+    path.write_text("\n".join(json.dumps(x) for x in lines))
+    items, _ = load_labeled(path)
+    written = evaluate_labeled(WritesThreeButLeans(), items, readout="text")
+    assert written["pointwise/spearman"] != written["pointwise/spearman"]  # all 3s: no order (NaN)
+    expected = evaluate_labeled(WritesThreeButLeans(), items, readout="expected")
+    assert expected["pointwise/spearman"] == 1.0 and expected["pointwise/parse_failure_rate"] == 0.0
+    assert expected["pointwise/exact"] == 1 / 3  # 3.8, 3.0, 2.2: only the middle one rounds to its gold

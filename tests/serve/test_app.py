@@ -184,6 +184,23 @@ def test_chat_completions_is_openai_compatible(app):
     assert r.status_code == 404 and "not served here" in error_of(r)
 
 
+
+def test_chat_completions_returns_logprobs_when_asked(app):
+    r = post(app, "/v1/chat/completions", chat(max_tokens=6, logprobs=True, top_logprobs=3))
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    content = choice["logprobs"]["content"]
+    assert 0 < len(content) <= r.json()["usage"]["completion_tokens"]  # up to the first special token (EOS)
+    for t in content:
+        assert set(t) == {"token", "logprob", "bytes", "top_logprobs"} and t["logprob"] <= 0, t
+        alts = t["top_logprobs"]
+        assert len(alts) == 3 and [a["logprob"] for a in alts] == sorted((a["logprob"] for a in alts), reverse=True)
+        # the judge decodes greedily: the chosen token is the most likely one
+        assert alts[0]["token"] == t["token"] and alts[0]["logprob"] == pytest.approx(t["logprob"]), t
+    # not asked: null, whatever the served judge's own generation.top_logprobs (local.yaml asks for 5)
+    plain = post(app, "/v1/chat/completions", chat(max_tokens=6)).json()["choices"][0]
+    assert plain["logprobs"] is None and plain["message"]["content"] == choice["message"]["content"]
+
 # ---------------------------------------------------------------- limits: 413 and 422 with the reason
 def test_limits_answer_413_with_the_reason(app):
     r = post(app, "/v1/judge/pointwise", {"items": [item()], "pad": "x" * 300_000})
@@ -208,6 +225,9 @@ def test_malformed_requests_answer_422_with_the_reason(app):
         ("/v1/judge/pointwise", {"items": [{**item(), "prompt": {"task": "cooking", "query": "?"}}]}, "cooking"),
         ("/v1/chat/completions", chat(stream=True), "stream"),
         ("/v1/chat/completions", chat(max_tokens=65), "max_tokens 65 exceeds this server's limit of 64"),
+        ("/v1/chat/completions", chat(top_logprobs=2), "top_logprobs needs logprobs: true"),
+        ("/v1/chat/completions", chat(logprobs=True, top_logprobs=21), "top_logprobs: Input should be less than or "
+                                                                      "equal to 20"),
         ("/v1/chat/completions", {"messages": [{"role": "user", "content": [
             {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}]}]}, "not fetched"),
         ("/v1/chat/completions", {"messages": [{"role": "user", "content": [
@@ -266,7 +286,8 @@ def test_http_engine_uses_the_app_like_a_stage_would(app):
 
     cfg = load_config(REPO_ROOT / "configs" / "local.yaml", [
         f"run.workdir={app.cfg.run.workdir}", "judge.engine=http", f"judge.http.base_url={app.url}/v1",
-        f"judge.http.api_key_env={TOKEN_ENV}", "judge.http.max_concurrency=4", "judge.generation.max_new_tokens=12"])
+        f"judge.http.api_key_env={TOKEN_ENV}", "judge.http.max_concurrency=4", "judge.generation.max_new_tokens=12",
+        "judge.generation.top_logprobs=5"])
     engine = make_text_engine(cfg, "judge")
     records = [({"task": "iu", "subtask": "iu_color", "query": "What colour is the shape?", "images": [png(colour=c)]},
                 {"candidate_id": f"c{i}", "output_text": f"It is {c}."})
@@ -283,3 +304,8 @@ def test_http_engine_uses_the_app_like_a_stage_would(app):
         update={"batch_size": 1})).generate(reqs)
     assert [r.prompt_tokens for r in local] == [r.prompt_tokens for r in results]
     assert [r.text for r in local] == [r.text for r in results]
+    # and the same log-probabilities: asked for by the engine, answered in OpenAI's form by the app, read back
+    for lr, rr in zip(local, results, strict=True):
+        assert rr.logprobs and [t.token for t in rr.logprobs] == [t.token for t in lr.logprobs]
+        assert [t.logprob for t in rr.logprobs] == pytest.approx([t.logprob for t in lr.logprobs], abs=1e-4)
+        assert [len(t.top) for t in rr.logprobs] == [len(t.top) for t in lr.logprobs]

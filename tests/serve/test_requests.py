@@ -13,7 +13,7 @@ from PIL import Image
 
 from flywheel.aspects import AspectTree
 from flywheel.config import GenerationConfig, ServeLimitsConfig, load_config
-from flywheel.engines.base import TextResult
+from flywheel.engines.base import TextResult, TokenLogprobs
 from flywheel.judge import aspects as ap
 from flywheel.judge import pairwise as pw
 from flywheel.judge import pointwise as pt
@@ -156,6 +156,40 @@ def test_chat_request_maps_image_parts_and_enforces_caps():
     assert resp["choices"][0]["finish_reason"] == "length" and resp["usage"]["total_tokens"] == 13
     assert resp["model_version"] == "v1" and resp["object"] == "chat.completion"
 
+
+
+def test_chat_logprobs_follow_openai():
+    base = {"messages": [{"role": "user", "content": "Rate it."}]}
+    judge = GenerationConfig(max_new_tokens=16, top_logprobs=5)  # a judge that reads its ratings' probabilities
+
+    def engine_k(**kw) -> int:
+        return chat_request(ChatBody.model_validate({**base, **kw}), LIMITS, judge, 16)[1].top_logprobs
+
+    # not asked: none (the judge's own setting does not leak into a chat); logprobs alone: the chosen token's,
+    # which engines give with one alternative
+    assert engine_k() == 0 and engine_k(logprobs=False) == 0
+    assert engine_k(logprobs=True) == 1 and engine_k(logprobs=True, top_logprobs=0) == 1
+    assert engine_k(logprobs=True, top_logprobs=3) == 3 and engine_k(logprobs=True, top_logprobs=20) == 20
+    for kw in ({"top_logprobs": 2}, {"logprobs": False, "top_logprobs": 0}):
+        assert status_of(chat_request, ChatBody.model_validate({**base, **kw}), LIMITS, judge, 16) == (
+            422, "top_logprobs needs logprobs: true")
+    for bad, reason in [(21, "less than or equal to 20"), (-1, "greater than or equal to 0")]:
+        raw = json.dumps({**base, "logprobs": True, "top_logprobs": bad}).encode()
+        assert status_of(parse_body, raw, ChatBody) == (422, f"top_logprobs: Input should be {reason}")
+
+    result = TextResult(text="4.", prompt_tokens=3, completion_tokens=2, logprobs=[
+        TokenLogprobs("4", -0.2, {"3": -1.9, "4": -0.2, "5": -2.5}), TokenLogprobs(".", -0.01, {".": -0.01})])
+    resp = chat_response(result, "judge", "v1", 8, top_logprobs=2)
+    assert resp["choices"][0]["logprobs"] == {"content": [  # most likely first, at most top_logprobs
+        {"token": "4", "logprob": -0.2, "bytes": None, "top_logprobs": [
+            {"token": "4", "logprob": -0.2, "bytes": None}, {"token": "3", "logprob": -1.9, "bytes": None}]},
+        {"token": ".", "logprob": -0.01, "bytes": None, "top_logprobs": [
+            {"token": ".", "logprob": -0.01, "bytes": None}]}]}
+    json.dumps(resp)
+    zero = chat_response(result, "judge", "v1", 8, top_logprobs=0)["choices"][0]["logprobs"]["content"]
+    assert [(t["token"], t["logprob"], t["top_logprobs"]) for t in zero] == [("4", -0.2, []), (".", -0.01, [])]
+    assert len(chat_response(result, "judge", "v1", 8)["choices"][0]["logprobs"]["content"][0]["top_logprobs"]) == 3
+    assert chat_response(TextResult(text="4."), "judge", "v1", 8, top_logprobs=2)["choices"][0]["logprobs"] is None
 
 # ---------------------------------------------------------------- deployment options & auth
 def test_deployment_options_follow_config(tmp_path, monkeypatch):
