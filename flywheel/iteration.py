@@ -169,6 +169,11 @@ def _train_and_gate_policies(start: Config, cfg: Config, p: dict, pref: dict, n:
         if _rows(uri) == 0:
             log.info("iteration %d: no %s preference pairs; %s skipped", n, role, training)
             continue
+        short = _too_few_pairs(start, training, uri)
+        if short:
+            log.info("iteration %d: %s skipped: %s", n, training, short)
+            res.counts[f"{training}_skipped_too_few_pairs"] = 1
+            continue
         methods = getattr(start.train, training).methods
         outcomes = []
         for method in methods:
@@ -181,6 +186,24 @@ def _train_and_gate_policies(start: Config, cfg: Config, p: dict, pref: dict, n:
                     fallback = evaluate(cfg, result.model_uri)[metric]
             outcomes.append(outcome_of(method, result.model_uri, result.final, fallback, metric))
         _promote_best_update(cfg, role, base, outcomes, evaluate, metric, margin, stage, res)
+
+
+def _too_few_pairs(cfg: Config, training: str, uri: str) -> str | None:
+    """Why the Diffusion-DPO loop cannot train on this dataset (None: it can). It draws only full batches, one per
+    worker, from the pairs left after its held-out split (TRL's DPO takes a partial batch, so it always can)."""
+    if training != "diffusion_dpo":
+        return None
+    from flywheel.datasets import read_rows
+    from flywheel.train.heldout_pairs import split_pairs
+
+    s = cfg.train.resolved(training)
+    rows = [{"prompt": r["prompt"]} for r in read_rows(uri, "image_pref")]
+    kept, _ = split_pairs(rows, s.heldout.pairs_fraction if s.heldout else 0.0,
+                          s.heldout.pairs_max if s.heldout else None)
+    need = s.batch_size * cfg.resources.train.actors
+    if len(kept) >= need:
+        return None
+    return f"{len(kept)} training pairs cannot fill one batch of {s.batch_size} per worker ({need} pairs)"
 
 
 def _promote_best_update(cfg: Config, role: str, base: str, outcomes: list, evaluate, metric: str, margin: float,
