@@ -25,7 +25,6 @@ class HFTextEngine(TextEngine):
         self.processor = AutoProcessor.from_pretrained(model_path)
         self.model = AutoModelForImageTextToText.from_pretrained(model_path, dtype=DTYPES[dtype]).to(self.device).eval()
         self.tokenizer = self.processor.tokenizer
-        self._token_text: dict[int, str] = {}  # id -> decoded text, for the top_logprobs alternatives
         self.name = f"hf:{checkpoint_name(model_path)}"
         self.version = checkpoint_version(model_path)
 
@@ -72,34 +71,40 @@ class HFTextEngine(TextEngine):
         )
         new = out.sequences[:, inputs["input_ids"].shape[1] :]
         prompt_lens = inputs["attention_mask"].sum(dim=1).tolist()
+        logprobs = self._logprobs(out.logits, new, g.top_logprobs) if want_logprobs else [None] * len(new)
         results = []
-        for r, (row, n_prompt) in enumerate(zip(new, prompt_lens, strict=True)):
+        for row, n_prompt, lp in zip(new, prompt_lens, logprobs, strict=True):
             n_out = int((row != self.tokenizer.pad_token_id).sum())
             text = self.tokenizer.decode(row, skip_special_tokens=True)
-            logprobs = self._logprobs(out.logits, r, row, g.top_logprobs) if want_logprobs else None
-            results.append(TextResult(text=text, prompt_tokens=int(n_prompt), completion_tokens=n_out,
-                                      logprobs=logprobs))
+            results.append(TextResult(text=text, prompt_tokens=int(n_prompt), completion_tokens=n_out, logprobs=lp))
         return results
 
-    def _logprobs(self, logits: tuple, r: int, row: torch.Tensor, k: int) -> list[TokenLogprobs]:
-        """Row r's generated tokens up to its first special token, each with the k most likely tokens."""
+    def _logprobs(self, logits: tuple, new: torch.Tensor, k: int) -> list[list[TokenLogprobs]]:
+        """Per row, its generated tokens up to the first special token, each with the k most likely tokens. Each
+        step is normalised for the whole batch at once (one (batch, vocab) slice in memory at a time), and every
+        token id involved is decoded once."""
+        values, indices, chosen = [], [], []
+        for step, step_logits in enumerate(logits):
+            lp = step_logits.float().log_softmax(dim=-1)
+            top = lp.topk(k, dim=-1)
+            values.append(top.values.tolist())
+            indices.append(top.indices.tolist())
+            chosen.append(lp.gather(-1, new[:, step : step + 1])[:, 0].tolist())
+        ids = sorted(set(new.flatten().tolist()) | {i for step in indices for row in step for i in row})
+        text = dict(zip(ids, self.tokenizer.batch_decode([[i] for i in ids]), strict=True))
         special = set(self.tokenizer.all_special_ids)
         out = []
-        for step, tok in enumerate(row.tolist()):
-            if tok in special:
-                break
-            lp = torch.log_softmax(logits[step][r].float(), dim=-1)
-            top = torch.topk(lp, k)
-            alternatives: dict[str, float] = {}
-            for v, i in zip(top.values.tolist(), top.indices.tolist(), strict=True):
-                alternatives.setdefault(self._text(i), float(v))  # two ids spelling one text: keep the likelier
-            out.append(TokenLogprobs(self._text(tok), float(lp[tok]), alternatives))
+        for r, row in enumerate(new.tolist()):
+            tokens = []
+            for step, tok in enumerate(row):
+                if tok in special:
+                    break
+                alternatives: dict[str, float] = {}
+                for v, i in zip(values[step][r], indices[step][r], strict=True):
+                    alternatives.setdefault(text[i], v)  # two ids spelling one text: keep the likelier
+                tokens.append(TokenLogprobs(text[tok], chosen[step][r], alternatives))
+            out.append(tokens)
         return out
-
-    def _text(self, token_id: int) -> str:
-        if token_id not in self._token_text:
-            self._token_text[token_id] = self.tokenizer.decode([token_id])
-        return self._token_text[token_id]
 
     def close(self) -> None:
         del self.model

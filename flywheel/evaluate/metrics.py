@@ -1,8 +1,9 @@
 """Meta-evaluation metrics of a judge against gold labels (scipy for every statistic).
 
 Pointwise: Pearson, Spearman and Kendall tau-b between judge and gold scores (Minos, the T2I paper), exact-match
-rate (the judged score's nearest rating equals gold), and the parse-failure rate — a failed parse is never imputed a score: it counts against coverage and
-against accuracy-type metrics, and correlations are computed on the parsed items only (with their count).
+rate (the judged score's nearest rating equals gold), and the parse-failure rate — a failed parse is never
+imputed a score: it counts against coverage and against accuracy-type metrics, and correlations are computed
+on the parsed items only (with their count).
 Pairwise: accuracy of verdicts vs the gold winner (ties excluded from gold, as FRABench and Multimodal
 RewardBench do), with a verdict judged in both orders counted right only when both orders agree with gold, and
 the position-bias rate: the share of items whose verdict flips when the order is swapped.

@@ -69,9 +69,8 @@ def outcome(result: TextResult, parse: Callable[[str], Any], fields: Callable[[A
 
 # ---------------------------------------------------------------- pointwise
 def _pointwise_outcome(result: TextResult, readout: str) -> dict:
-    if not result.ok:
-        return outcome(result, pt.parse, pt.to_judgment_fields)
-    return {"raw": result.text, "error": None, **pt.result_fields(result, readout)}
+    logprobs = result.logprobs if readout == "expected" else None
+    return outcome(result, pt.parse, lambda x: pt.to_judgment_fields(x, logprobs))
 
 
 def plan_pointwise(body: PointwiseBody, limits: ServeLimitsConfig, style: str = "minos",

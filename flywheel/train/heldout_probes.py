@@ -37,7 +37,6 @@ class LiveTextEngine(HFTextEngine):
         self.model, self.processor, self.tokenizer = model, processor, processor.tokenizer
         self.generation = generation
         self.device = next(model.parameters()).device
-        self._token_text = {}
         self.name, self.version = "live:training", "current"
 
 
