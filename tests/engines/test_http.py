@@ -279,3 +279,13 @@ def test_logprobs_are_asked_for_only_when_configured_and_mapped(server):
     # a server that answers without logprobs: the text still counts, logprobs stay None
     assert out[1].ok and out[1].text == "echo nologprobs" and out[1].logprobs is None
     assert eng.usage.failed == 0
+
+
+def test_unreadable_logprobs_are_logged_and_dropped_not_a_failed_request(caplog):
+    eng = _engine(1, top_logprobs=2)  # no request is sent: the response body is given directly
+    bad = {"choices": [{"logprobs": {"content": [{"token": "4", "top_logprobs": []}]}}]}  # no "logprob"
+    with caplog.at_level("WARNING"):
+        assert eng._logprobs(bad) is None
+    assert "unreadable logprobs" in caplog.text
+    good = {"choices": [{"logprobs": {"content": [{"token": "4", "logprob": -0.5, "top_logprobs": []}]}}]}
+    assert eng._logprobs(good)[0].logprob == -0.5
