@@ -539,6 +539,10 @@ class PerturbationConfig(_Strict):
 
 
 class MetaEvalConfig(_Strict):
+    protocols: list[Literal["pointwise", "pairwise"]] = Field(
+        ["pointwise", "pairwise"], min_length=1, description="Gold protocols the judge is asked in. Without "
+        "pairwise, gold pairs are still scored by the judge's pointwise ratings (pointwise_ranking) but not "
+        "re-judged in both orders: for a judge never taught the pairwise protocol (judgments.protocols).")
     perturbation: PerturbationConfig = Field(PerturbationConfig(), description="Minos' perturbation checks.")
 # ---- end meta-eval
 
@@ -639,6 +643,17 @@ class Config(_Strict):
     judgments: JudgmentsConfig = Field(JudgmentsConfig(), description="Judging candidates (teacher or judge).")
     meta_eval: MetaEvalConfig = Field(MetaEvalConfig(), description="Judge meta-evaluation on the gold sets.")
 
+    @model_validator(mode="after")
+    def _gate_metric_is_measured(self) -> "Config":
+        # a gate on a protocol meta-eval never asks would compare NaNs and never promote
+        metric = self.gate.judge_metric
+        asked = self.meta_eval.protocols
+        needs = "pairwise" if "/pairwise/" in metric else "pointwise" if "/pointwise" in metric else None
+        if needs and needs not in asked:
+            raise ValueError(f"gate.judge_metric {metric!r} needs the {needs} protocol in meta_eval.protocols "
+                             f"(it is {asked})")
+        return self
+
     @property
     def experiment(self) -> str:
         return self.tracking.experiment or self.run.name
@@ -674,6 +689,9 @@ STAGE_SECTIONS: dict[str, tuple[str, ...]] = {
     "judgments-judge": ("run.seed", "judgments", "judge", "models.judge", "models.zoo", "teacher", "world.shapes",
                         "limits"),
     "gold": ("run.seed", "world.shapes", "world.gold", "limits"),
+    "meta-eval-teacher": ("run.seed", "judgments", "teacher", "world.shapes", "limits", "meta_eval.protocols"),
+    "meta-eval-judge": ("run.seed", "judgments", "judge", "models.judge", "models.zoo", "teacher", "world.shapes",
+                        "limits", "meta_eval.protocols"),
     "candidates": ("run.seed", "models.policy", "models.generator", "models.zoo", "policy", "generator",
                    "candidates", "world.base_policies"),
 }

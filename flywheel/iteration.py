@@ -258,6 +258,10 @@ RETENTION = {"prompts_train": "prompts", "judge_kept": "labels", "judge_sft": "j
              "pref_pairs": "pref_candidates"}
 
 
+def _cell(v: float | None) -> str:
+    return "—" if v is None or v != v else f"{v:.3f}"  # not measured (e.g. a protocol meta-eval does not ask)
+
+
 def _markdown(s: dict) -> str:
     """The parent run's description in the MLflow UI, most important first (the UI shows its top lines until
     "Show more" is clicked): decisions, judge quality, policy scores, then times and data volumes."""
@@ -268,7 +272,7 @@ def _markdown(s: dict) -> str:
               "from)", "", "| judge | split | " + " | ".join(META_COLUMNS.values()) + " |",
               "|---|---|" + "---|" * len(META_COLUMNS)]
     for who, splits in s["meta_eval"].items():
-        lines += [f"| {who} | {split} | " + " | ".join(f"{m.get(k, float('nan')):.3f}" for k in META_COLUMNS) + " |"
+        lines += [f"| {who} | {split} | " + " | ".join(_cell(m.get(k)) for k in META_COLUMNS) + " |"
                   for split, m in splits.items()]
     for split, m in s["meta_eval"].get("challenger", {}).items():
         if "perturb/span_swap/n" in m:  # Minos' perturbation checks (flywheel/evaluate/perturbation.py)

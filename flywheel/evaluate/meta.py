@@ -44,17 +44,18 @@ class MetaEvalCore:
         self.judge = f"{self.engine.name}@{self.engine.version}"
         self.style = cfg.judge.prompt_style
         self.readout = cfg.judge.rating_readout
+        self.protocols = set(cfg.meta_eval.protocols)
 
     def __call__(self, gold_rows: list[dict]) -> CoreOutput:
         jobs: list[tuple[dict, str | None, TextRequest]] = []
         for g in gold_rows:
             prompt = self.prompts[g["prompt_id"]]
             cands = [self.candidates[c] for c in g["candidate_ids"]]
-            if g["protocol"] == "pointwise":
+            if g["protocol"] == "pointwise" and "pointwise" in self.protocols:
                 req = pointwise.build(prompt, cands[0], style=self.style)
                 req.context = make_context("pointwise", prompt, cands)
                 jobs.append((g, None, req))
-            elif g["protocol"] == "pairwise":
+            elif g["protocol"] == "pairwise" and "pairwise" in self.protocols:
                 for order, req in pairwise.build_both(prompt, cands[0], cands[1], g["aspect"],
                                                                    style=self.style).items():
                     shown = cands if order == "AB" else cands[::-1]
@@ -82,12 +83,13 @@ def _key(row: dict) -> tuple:
 
 
 def score_split(gold: list[dict], judged: list[dict], prompts: dict[str, dict], unseen_aspects: set[str],
-                ood_subtasks: set[str]) -> dict[str, float]:
+                ood_subtasks: set[str], protocols: tuple[str, ...] = ("pointwise", "pairwise")) -> dict[str, float]:
     """Metrics of one split's judge judgments vs its gold, overall, per task category and per generalization.
 
     Besides the pairwise protocol's accuracy, `<slice>/pointwise_ranking/accuracy` scores each overall gold pair
     by the judge's two pointwise ratings (higher wins; equal ratings or a failed parse count wrong): the way the
-    flywheel's preference stage uses the judge, so it predicts the quality of the pairs it makes."""
+    flywheel's preference stage uses the judge, so it predicts the quality of the pairs it makes. `protocols`:
+    those the judge was asked in (meta_eval.protocols); a protocol left out has no metrics, not zeros."""
     by_key: dict[tuple, dict[str | None, dict]] = defaultdict(dict)
     for j in judged:
         by_key[_key(j)][j["order"]] = j
@@ -103,14 +105,15 @@ def score_split(gold: list[dict], judged: list[dict], prompts: dict[str, dict], 
         key = g["judgment_id"]
         for name in names:
             points, pairs, ranked = slices[name]
-            if g["protocol"] == "pointwise" and g["score"] is not None:
+            if g["protocol"] == "pointwise" and g["score"] is not None and "pointwise" in protocols:
                 got = mine.get(None)
                 points.append(PointItem(key, g["score"], got["score"] if got and got["parse_error"] is None else None))
             elif g["protocol"] == "pairwise" and g["verdict"] in ("A", "B"):
                 ab, ba = mine.get("AB"), mine.get("BA")
-                pairs.append(PairItem(key, g["verdict"], ab["verdict"] if ab and not ab["parse_error"] else None,
-                                      ba["verdict"] if ba and not ba["parse_error"] else None))
-                if g["aspect"] is None:
+                if "pairwise" in protocols:
+                    pairs.append(PairItem(key, g["verdict"], ab["verdict"] if ab and not ab["parse_error"] else None,
+                                          ba["verdict"] if ba and not ba["parse_error"] else None))
+                if g["aspect"] is None and "pointwise" in protocols:
                     a, b = (rating.get((g["prompt_id"], c)) for c in g["candidate_ids"])
                     verdict = None if a is None or b is None else "A" if a > b else "B" if b > a else "tie"
                     ranked.append(PairItem(key, g["verdict"], verdict))
@@ -162,7 +165,7 @@ def perturbation_checks(cfg: Config, split: str, gold_base: str, output_uri: str
               output=uri["judged"], kind="judgment",
               core_factory=lambda: MetaEvalCore(cfg, uri["prompts"], uri["candidates"], engine_factory(), role),
               resources=cfg.resources.labeling, batch_size=cfg.judgments.batch_size,
-              stage_hash=cfg.stage_hash(f"judgments-{role}"), limits=cfg.limits, tracker=None)
+              stage_hash=cfg.stage_hash(f"meta-eval-{role}"), limits=cfg.limits, tracker=None)
     after = read_dataset(uri["judged"])[0].to_pylist()
     out = perturbation.score(ps, _scores([i.original for i in ps.items], judged), _scores(ps.gold, after))
     g = lambda k: out.get(k, float("nan"))  # noqa: E731
@@ -193,13 +196,15 @@ def run(cfg: Config, gold_uri: str, output_uri: str, role: str = "judge", engine
                   output=out_uri, kind="judgment",
                   core_factory=lambda: MetaEvalCore(cfg, prompts_uri, cands_uri, factory(), role),
                   resources=cfg.resources.labeling, batch_size=cfg.judgments.batch_size,
-                  stage_hash=cfg.stage_hash(f"judgments-{role}"), limits=cfg.limits, tracker=None)
+                  stage_hash=cfg.stage_hash(f"meta-eval-{role}"), limits=cfg.limits, tracker=None)
         gold = [g for g in read_dataset(storage.join(base, "judgments"))[0].to_pylist()
                 if g["protocol"] in ("pointwise", "pairwise")]
         judged = read_dataset(out_uri)[0].to_pylist()
         prompts = {r["prompt_id"]: r for r in read_dataset(prompts_uri)[0].to_pylist()}
-        results[split] = score_split(gold, judged, prompts, set(split_cfg.ood_aspects), set(split_cfg.ood_subtasks))
-        log.info("meta-eval %s: pairwise accuracy %.3f, Kendall tau-b %.3f", split,
+        results[split] = score_split(gold, judged, prompts, set(split_cfg.ood_aspects), set(split_cfg.ood_subtasks),
+                                     tuple(cfg.meta_eval.protocols))
+        log.info("meta-eval %s: ranking accuracy %.3f, pairwise accuracy %.3f, Kendall tau-b %.3f", split,
+                 results[split].get("all/pointwise_ranking/accuracy", float("nan")),
                  results[split].get("all/pairwise/accuracy", float("nan")),
                  results[split].get("all/pointwise/kendall_tau_b", float("nan")))
         if cfg.meta_eval.perturbation.enabled:

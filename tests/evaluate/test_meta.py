@@ -19,7 +19,7 @@ def gold_uri(tmp_path_factory, cfg, zoo):
     c = load_config(None, [f"run.workdir={cfg.run.workdir}", "models.judge.path=zoo:judge",
                            "world.suites.prompts_per_subtask=8",
                            "world.gold.prompts_per_subtask=1", "world.gold.max_pairs_per_prompt=1",
-                           "judge.generation.max_new_tokens=8",
+                           "judge.generation.max_new_tokens=8", "meta_eval.protocols=[pointwise, pairwise]",
                            "world.gold.splits=[id-test, ood-test]"])
     prompts.run(c, str(root / "prompts"))
     gold.run(c, str(root / "prompts"), str(root / "gold"))
@@ -40,6 +40,25 @@ def test_noiseless_oracle_scores_perfectly_and_generalization_is_reported_apart(
         assert split["all/pointwise_ranking/accuracy"] == 1.0  # its ratings order every overall gold pair
     assert "task_generalization/pointwise/n" in res["ood-test"]
     assert any(k.startswith("task/") for k in res["id-test"])
+
+
+def test_a_protocol_left_out_of_meta_eval_is_neither_asked_nor_scored(gold_uri):
+    from flywheel.datasets import read_dataset
+
+    c, root = gold_uri
+    pointwise_only = c.model_copy(update={"meta_eval": c.meta_eval.model_copy(update={"protocols": ["pointwise"]})})
+    res = meta.run(pointwise_only, str(root / "gold"), str(root / "me-pointwise"),
+                   engine_factory=lambda: gold_engine(c.world.shapes))
+    judged = read_dataset(str(root / "me-pointwise" / "id-test"))[0].to_pylist()
+    assert judged and {j["protocol"] for j in judged} == {"pointwise"}
+    m = res["id-test"]
+    assert m["all/pointwise_ranking/accuracy"] == 1.0  # gold pairs are still ordered by the ratings
+    assert not any("/pairwise/" in k for k in m)  # not asked: no metric at all, rather than a 0 that reads as a fail
+
+
+def test_a_gate_metric_meta_eval_never_measures_is_refused():
+    with pytest.raises(Exception, match="meta_eval.protocols"):
+        load_config(None, ["meta_eval.protocols=[pointwise]", "gate.judge_metric=id-test/all/pairwise/accuracy"])
 
 
 def test_noisy_teacher_is_measurably_worse(gold_uri):
