@@ -207,7 +207,7 @@ def run(cfg: Config, gold_uri: str, output_uri: str, role: str = "judge", engine
                  results[split].get("all/pointwise_ranking/accuracy", float("nan")),
                  results[split].get("all/pairwise/accuracy", float("nan")),
                  results[split].get("all/pointwise/kendall_tau_b", float("nan")))
-        if cfg.meta_eval.perturbation.enabled:
+        if cfg.meta_eval.perturbation.enabled and "pointwise" in cfg.meta_eval.protocols:  # pointwise items only
             results[split] |= perturbation_checks(cfg, split, base, output_uri, gold, judged, prompts, factory,
                                                   role)
     if tracker is not None:

@@ -56,6 +56,16 @@ def test_a_protocol_left_out_of_meta_eval_is_neither_asked_nor_scored(gold_uri):
     assert not any("/pairwise/" in k for k in m)  # not asked: no metric at all, rather than a 0 that reads as a fail
 
 
+def test_a_pairwise_only_meta_eval_skips_the_pointwise_perturbation_checks(gold_uri):
+    c, root = gold_uri
+    pairwise_only = c.model_copy(update={"meta_eval": c.meta_eval.model_copy(update={"protocols": ["pairwise"]})})
+    res = meta.run(pairwise_only, str(root / "gold"), str(root / "me-pairwise"),
+                   engine_factory=lambda: gold_engine(c.world.shapes))
+    m = res["id-test"]
+    assert m["all/pairwise/accuracy"] == 1.0
+    assert not any(k.startswith("perturb/") or "/pointwise" in k for k in m)  # nothing pointwise was asked
+
+
 def test_a_gate_metric_meta_eval_never_measures_is_refused():
     with pytest.raises(Exception, match="meta_eval.protocols"):
         load_config(None, ["meta_eval.protocols=[pointwise]", "gate.judge_metric=id-test/all/pairwise/accuracy"])
