@@ -689,12 +689,12 @@ STAGE_SECTIONS: dict[str, tuple[str, ...]] = {
     "judgments-judge": ("run.seed", "judgments", "judge", "models.judge", "models.zoo", "teacher", "world.shapes",
                         "limits"),
     "gold": ("run.seed", "world.shapes", "world.gold", "limits"),
-    "meta-eval-teacher": ("run.seed", "judgments", "teacher", "world.shapes", "limits", "meta_eval.protocols"),
-    "meta-eval-judge": ("run.seed", "judgments", "judge", "models.judge", "models.zoo", "teacher", "world.shapes",
-                        "limits", "meta_eval.protocols"),
     "candidates": ("run.seed", "models.policy", "models.generator", "models.zoo", "policy", "generator",
                    "candidates", "world.base_policies"),
 }
+# Meta-eval judges like the judgments stage of its role, asked only the protocols meta_eval.protocols names.
+STAGE_SECTIONS |= {f"meta-eval-{role}": STAGE_SECTIONS[f"judgments-{role}"] + ("meta_eval.protocols",)
+                   for role in ("teacher", "judge")}
 
 
 def _set_dotted(tree: dict, dotted: str, value: Any, source: str) -> None:
