@@ -16,6 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from flywheel.curate.config import CurateConfig
+from flywheel.evaluate.metric_names import PER_PAIR, per_pair_accuracy, split_of
 from flywheel.records import RecordLimits
 from flywheel.worlds.shapes.policy_config import BasePoliciesConfig
 from flywheel.worlds.shapes.config import ShapesWorldConfig
@@ -548,10 +549,17 @@ class MetaEvalConfig(_Strict):
 
 
 class GateConfig(_Strict):
-    """Promotion rules: a challenger becomes champion only if it beats the champion by the margin."""
+    """Promotion rules: a challenger becomes champion only if it beats the champion by the margin (a judge: and
+    passes judge_test)."""
 
     judge_metric: str = Field("id-test/all/pairwise/accuracy", description="Meta-eval metric (higher is better).")
     judge_margin: float = Field(0.0, description="How much better the new judge must be.")
+    judge_test: Literal["none", "mcnemar"] = Field(
+        "mcnemar", description="Paired test a judge must also pass: `mcnemar` promotes only if McNemar's exact "
+        "one-sided test on the gold pairs both judges were scored on gives p < judge_alpha (one run's accuracy on "
+        "~200 gold pairs varies by a few points: the margin alone promotes noise); `none`: the margin alone. Needs "
+        "a per-pair accuracy as judge_metric (.../pairwise/accuracy or .../pointwise_ranking/accuracy).")
+    judge_alpha: float = Field(0.05, gt=0, lt=1, description="Significance level of judge_test.")
     policy_metric: str = Field("accuracy", description="Oracle metric of the text policy on held-out items.")
     policy_margin: float = Field(0.0, description="How much better the new text policy must be.")
     generator_metric: str = Field("score10", description="Oracle 0-10 score of the generator on held-out prompts.")
@@ -652,6 +660,16 @@ class Config(_Strict):
         if needs and needs not in asked:
             raise ValueError(f"gate.judge_metric {metric!r} needs the {needs} protocol in meta_eval.protocols "
                              f"(it is {asked})")
+        return self
+
+    @model_validator(mode="after")
+    def _gate_test_has_pairs(self) -> "Config":
+        # McNemar compares the two judges pair by pair: only a mean of per-pair right/wrong outcomes has pairs
+        metric = self.gate.judge_metric
+        if self.gate.judge_test == "mcnemar" and per_pair_accuracy(split_of(metric)[1]) is None:
+            raise ValueError(f"gate.judge_test 'mcnemar' needs a per-pair accuracy as gate.judge_metric "
+                             f"(<split>/<slice>/{{{'|'.join(PER_PAIR)}}}/accuracy), not {metric!r}; "
+                             "or set gate.judge_test: none")
         return self
 
     @property

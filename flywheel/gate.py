@@ -5,6 +5,13 @@ recorded either way (on the challenger's version and in the iteration's MLflow r
 The measured metric is stored on each version as a tag (`flywheel.gate.<metric>`), so a champion is not
 re-evaluated every iteration. A champion that is not a registered version (iteration 0's base model) is measured
 by the caller and passed in.
+
+A judge must also pass a paired test (`gate.judge_test`): its metric is an accuracy over ~200 gold pairs, whose
+run-to-run noise is as large as the gains a margin could ask for. Both judges are scored on the same gold pairs,
+so McNemar's exact test compares them pair by pair. A judge's per-pair outcomes are recomputed from its
+meta-eval on storage, which its version names in tags (`flywheel.gate.meta_eval_uri`, `flywheel.gate.gold_uri`);
+a champion without them (registered before, or its files gone) is compared by the margin alone, and the reason
+says so.
 """
 
 from __future__ import annotations
@@ -12,6 +19,8 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import asdict, dataclass
+
+from scipy import stats
 
 from flywheel.config import Config
 from flywheel.train import registry
@@ -31,6 +40,11 @@ class Decision:
     margin: float
     promoted: bool
     reason: str
+    # McNemar's test (gate.judge_test): None when it was not run (policies, margin rule, or no outcomes to compare)
+    alpha: float | None = None  # the level asked for; None: the margin rule alone
+    mcnemar_b: int | None = None  # gold pairs only the challenger got right
+    mcnemar_c: int | None = None  # gold pairs only the champion got right
+    p_value: float | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -56,37 +70,127 @@ def record(cfg: Config, uri: str, metric: str, value: float) -> None:
     registry.client(cfg).set_model_version_tag(mv.name, mv.version, f"flywheel.gate.{metric}", repr(float(value)))
 
 
+@dataclass(frozen=True)
+class MetaEval:
+    """Where a judge's meta-eval is on storage: its judged rows under `output_uri`/<split> and the gold they were
+    judged against under `gold_uri`/<split>; its per-pair outcomes on the gate metric are recomputed from them."""
+
+    output_uri: str
+    gold_uri: str
+
+
+META_EVAL_TAG, GOLD_TAG = "flywheel.gate.meta_eval_uri", "flywheel.gate.gold_uri"
+
+
+def record_meta_eval(cfg: Config, uri: str, where: MetaEval) -> None:
+    mv = registry.get_version(cfg, uri)
+    c = registry.client(cfg)
+    c.set_model_version_tag(mv.name, mv.version, META_EVAL_TAG, where.output_uri)
+    c.set_model_version_tag(mv.name, mv.version, GOLD_TAG, where.gold_uri)
+
+
+def recorded_meta_eval(cfg: Config, uri: str) -> MetaEval | None:
+    tags = registry.get_version(cfg, uri).tags
+    if META_EVAL_TAG not in tags or GOLD_TAG not in tags:  # registered before the gate recorded them
+        return None
+    return MetaEval(tags[META_EVAL_TAG], tags[GOLD_TAG])
+
+
+def mcnemar(challenger: dict[str, bool], champion: dict[str, bool]) -> tuple[int, int, float]:
+    """McNemar's exact one-sided test on the pairs both judges were scored on (pair key -> right): b pairs only the
+    challenger got right, c only the champion; p = P(>= b of the b + c discordant pairs | equally good judges)."""
+    shared = challenger.keys() & champion.keys()  # a pair only one judge was scored on says nothing about both
+    b = sum(challenger[k] and not champion[k] for k in shared)
+    c = sum(champion[k] and not challenger[k] for k in shared)
+    if b + c == 0:  # the judges agree on every pair: no evidence either way
+        return b, c, 1.0
+    return b, c, float(stats.binomtest(b, b + c, 0.5, alternative="greater").pvalue)
+
+
+class Untestable(Exception):
+    """The paired test cannot be run; the message says why (the gate falls back to the margin rule)."""
+
+
+def _outcomes(cfg: Config, who: str, where: MetaEval | None, metric: str, value: float) -> dict[str, bool]:
+    """`who`'s per-pair outcomes on `metric`, recomputed from its meta-eval, checked to give the value gated on."""
+    from flywheel.evaluate import meta  # engines and Ray Data stages: only the judge gate needs them
+
+    if where is None:
+        raise Untestable(f"the {who} has no recorded meta-eval")
+    try:
+        got = meta.stored_outcomes(cfg, where.gold_uri, where.output_uri, metric)
+    except meta.OutcomesUnavailable as e:
+        raise Untestable(f"the {who}'s outcomes: {e}") from e
+    # outcomes that do not reproduce the gated value (another config's slices, say) would test something else
+    if not got or not math.isclose(sum(got.values()) / len(got), value, rel_tol=1e-9, abs_tol=1e-12):
+        raise Untestable(f"the {who}'s outcomes recomputed from {where.output_uri} do not give its {metric} "
+                         f"{value:.4f}")
+    return got
+
+
+def _champion(cfg: Config, name: str, metric: str, baseline: tuple[str, float] | None,
+              baseline_meta_eval: MetaEval | None) -> tuple[str | None, float, MetaEval | None]:
+    """(ref, value, meta-eval) of what the challenger must beat: the registered champion, else `baseline`."""
+    current = champion_of(cfg, name)
+    if current is not None:
+        value = recorded(cfg, current, metric)
+        if value is not None:
+            return current, value, recorded_meta_eval(cfg, current)
+        if baseline is not None:  # the champion was never measured on this metric: the base model's value stands
+            return current, baseline[1], baseline_meta_eval
+        return current, -math.inf, None
+    if baseline is not None:
+        return baseline[0], baseline[1], baseline_meta_eval
+    return None, -math.inf, None
+
+
+def _rule(cfg: Config, metric: str, value: float, champ_value: float, margin: float, alpha: float | None,
+          mine: MetaEval | None, theirs: MetaEval | None) -> tuple[bool, str, tuple[int, int, float] | None]:
+    """(promoted, reason, McNemar's (b, c, p) if it ran): the margin rule, then, with `alpha`, the paired test."""
+    if math.isnan(value):
+        return False, f"{metric} of the challenger is undefined (NaN)", None
+    if not (math.isnan(champ_value) or value > champ_value + margin):  # "beats": strictly better
+        return False, f"{metric} {value:.4f} ≤ champion {champ_value:.4f} + margin {margin}: champion stays", None
+    beats = f"{metric} {value:.4f} > champion {champ_value:.4f} + margin {margin}"
+    if alpha is None:
+        return True, beats, None
+    try:
+        if not math.isfinite(champ_value):
+            raise Untestable("no champion value to test against")
+        b, c, p = mcnemar(_outcomes(cfg, "challenger", mine, metric, value),
+                          _outcomes(cfg, "champion", theirs, metric, champ_value))
+    except Untestable as e:
+        return True, f"{beats}; McNemar not run ({e}): margin rule", None
+    if p < alpha:
+        return True, f"{beats} and McNemar b={b} c={c} p={p:.2g} < alpha {alpha}", (b, c, p)
+    return False, f"{beats} but McNemar b={b} c={c} p={p:.2g} ≥ alpha {alpha}: champion stays", (b, c, p)
+
+
 def decide(cfg: Config, challenger: str, challenger_value: float, metric: str, margin: float,
-           baseline: tuple[str, float] | None = None) -> Decision:
+           baseline: tuple[str, float] | None = None, *, alpha: float | None = None,
+           meta_eval: MetaEval | None = None, baseline_meta_eval: MetaEval | None = None) -> Decision:
     """Promote `challenger` (a registered version) if it beats the champion by `margin` on `metric` (higher is
-    better). `baseline` = (ref, value) stands in for the champion when the model has none registered yet."""
+    better). `baseline` = (ref, value) stands in for the champion when the model has none registered yet.
+
+    A judge passes where its meta-eval is (`meta_eval`; `baseline_meta_eval` for the baseline's) and, to ask for
+    McNemar's test too, `alpha`: then it must also be significantly better on the gold pairs both were scored
+    on. `meta_eval` is recorded on the version, so it can be tested against once it is the champion."""
     mv = registry.get_version(cfg, challenger)
     record(cfg, challenger, metric, challenger_value)
-    current = champion_of(cfg, mv.name)
-    if current is not None:
-        champ_ref, champ_value = current, recorded(cfg, current, metric)
-        if champ_value is None:
-            champ_value = baseline[1] if baseline else -math.inf
-    elif baseline is not None:
-        champ_ref, champ_value = baseline
-    else:
-        champ_ref, champ_value = None, -math.inf
-    if math.isnan(challenger_value):
-        promoted, reason = False, f"{metric} of the challenger is undefined (NaN)"
-    elif math.isnan(champ_value) or challenger_value > champ_value + margin:  # "beats": strictly better
-        promoted = True
-        reason = f"{metric} {challenger_value:.4f} > champion {champ_value:.4f} + margin {margin}"
-    else:
-        promoted = False
-        reason = f"{metric} {challenger_value:.4f} ≤ champion {champ_value:.4f} + margin {margin}: champion stays"
-    c = registry.client(cfg)
+    if meta_eval is not None:
+        record_meta_eval(cfg, challenger, meta_eval)
+    champ_ref, champ_value, champ_meta_eval = _champion(cfg, mv.name, metric, baseline, baseline_meta_eval)
+    promoted, reason, test = _rule(cfg, metric, challenger_value, champ_value, margin, alpha, meta_eval,
+                                   champ_meta_eval)
+    client = registry.client(cfg)
     if promoted:
-        c.set_registered_model_alias(mv.name, CHAMPION, mv.version)
-    c.set_model_version_tag(mv.name, mv.version, "flywheel.gate.decision", ("promoted: " if promoted else
-                                                                            "refused: ") + reason)
+        client.set_registered_model_alias(mv.name, CHAMPION, mv.version)
+    client.set_model_version_tag(mv.name, mv.version, "flywheel.gate.decision",
+                                 (("promoted: " if promoted else "refused: ") + reason)[:4900])  # MLflow's cap
     log.info("gate %s: %s %s (%s)", mv.name, challenger, "promoted" if promoted else "not promoted", reason)
+    b, c, p = test if test is not None else (None, None, None)
     return Decision(mv.name, challenger, champ_ref, metric, float(challenger_value), float(champ_value), margin,
-                    promoted, reason)
+                    promoted, reason, alpha, b, c, p)
 
 
 def refuse(cfg: Config, challenger: str, metric: str, reason: str) -> Decision:

@@ -112,8 +112,13 @@ def run_iteration(cfg: Config, n: int, tracker: Tracker | None = None) -> Iterat
         with stage("gate-judge"):
             value = _metric(res.meta_eval["challenger"], cfg.gate.judge_metric)
             base = _metric(res.meta_eval.get("baseline", {}), cfg.gate.judge_metric)
+            has_baseline = "baseline" in res.meta_eval
+            # where each judge's meta-eval is, so the gate can compare them gold pair by gold pair (McNemar)
+            base_eval = gate.MetaEval(p["meta-eval-baseline"], p["gold"]) if has_baseline else None
             d = gate.decide(cfg, judge_new, value, cfg.gate.judge_metric, cfg.gate.judge_margin,
-                            baseline=(judge0, base) if "baseline" in res.meta_eval else None)
+                            baseline=(judge0, base) if has_baseline else None,
+                            alpha=cfg.gate.judge_alpha if cfg.gate.judge_test == "mcnemar" else None,
+                            meta_eval=gate.MetaEval(p["meta-eval"], p["gold"]), baseline_meta_eval=base_eval)
             res.decisions.append(d.to_dict())
             mlflow.log_dict(d.to_dict(), "gate/judge.json")
 

@@ -1,3 +1,4 @@
+import re
 from pathlib import Path
 
 import pytest
@@ -84,6 +85,25 @@ def test_expected_rating_readout_needs_the_ratings_logprobs():
         load_config(None, ["judge.rating_readout=expected", "judge.generation.top_logprobs=0"])
     cfg = load_config(None, ["judge.rating_readout=expected", "judge.generation.top_logprobs=5"])
     assert cfg.judge.rating_readout == "expected"
+
+
+def test_the_judge_gates_paired_test_needs_a_per_pair_accuracy():
+    cfg = load_config(None)
+    assert cfg.gate.judge_test == "mcnemar" and cfg.gate.judge_alpha == 0.05  # the default, local.yaml included
+    for metric in ("id-test/all/pointwise/kendall_tau_b", "id-test/all/pairwise/position_bias_rate",
+                   "id-test/all/pointwise/exact", "accuracy"):
+        with pytest.raises(ConfigError, match=r"gate.judge_test 'mcnemar' needs a per-pair accuracy as "
+                                              r"gate.judge_metric .*" + re.escape(repr(metric))):
+            load_config(None, [f"gate.judge_metric={metric}"])
+        assert load_config(None, [f"gate.judge_metric={metric}", "gate.judge_test=none"]).gate.judge_test == "none"
+    for metric in ("id-test/all/pairwise/accuracy", "ood-test/task/iu/pointwise_ranking/accuracy",
+                   "ood-test/task_generalization/pairwise/accuracy"):
+        assert load_config(None, [f"gate.judge_metric={metric}"]).gate.judge_metric == metric
+    for alpha in (0, 1, 1.5):
+        with pytest.raises(ConfigError, match="gate.judge_alpha"):
+            load_config(None, [f"gate.judge_alpha={alpha}"])
+    with pytest.raises(ConfigError, match="gate.judge_test"):
+        load_config(None, ["gate.judge_test=ttest"])
 
 
 def test_missing_and_malformed_files(tmp_path):

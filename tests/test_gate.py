@@ -1,9 +1,12 @@
 """The promotion gate against a real (sqlite) MLflow registry."""
 
 import math
+import shutil
 
 import mlflow
 import pytest
+from scipy import stats
+from stored_meta_eval import METRIC, write_gold, write_judged
 
 from flywheel import gate
 from flywheel.config import load_config
@@ -51,3 +54,129 @@ def test_a_tie_or_nan_never_promotes(cfg):
     v2 = _version(cfg)
     assert not gate.decide(cfg, v2, math.nan, "acc", 0.0, baseline=("zoo:judge", 0.1)).promoted
     assert gate.champion_of(cfg, "judge") is None
+
+
+def test_policies_keep_the_margin_rule_without_a_paired_test(cfg):
+    v1 = _version(cfg, "policy-llava")
+    d = gate.decide(cfg, v1, 0.51, "accuracy", 0.0, baseline=("world:policy", 0.5))
+    assert d.promoted and d.alpha is None and d.mcnemar_b is d.mcnemar_c is d.p_value is None
+    assert "McNemar" not in d.reason
+
+
+# ------------------------------------------------------------------ the judge's paired test (gate.judge_test)
+N = 202  # gold pairs, as many as the local id-test gold set has
+
+
+def _outcomes(ids: list[str], both: int, only_challenger: int, only_champion: int) -> tuple[dict, dict]:
+    """(challenger, champion) right/wrong per gold pair: `both` pairs both get right, then `only_challenger`,
+    then `only_champion` pairs only one of them does; both get the rest wrong."""
+    challenger = {k: i < both + only_challenger for i, k in enumerate(ids)}
+    champion = {k: i < both or both + only_challenger <= i < both + only_challenger + only_champion
+                for i, k in enumerate(ids)}
+    return challenger, champion
+
+
+def _meta_eval(tmp_path, name: str, gold: str, right: dict) -> tuple[gate.MetaEval, float]:
+    """A judge's meta-eval on storage with these outcomes, and the metric value meta-eval reports for it."""
+    out = str(tmp_path / name)
+    write_judged(out, gold, right)
+    return gate.MetaEval(out, gold), sum(right.values()) / len(right)
+
+
+@pytest.fixture
+def gold(tmp_path):
+    uri = str(tmp_path / "gold")
+    return uri, write_gold(uri, N)
+
+
+def test_the_judge_metric_is_measured_on_gold_pairs_and_tested(cfg):
+    assert cfg.gate.judge_metric == METRIC and cfg.gate.judge_test == "mcnemar" and cfg.gate.judge_alpha == 0.05
+
+
+def _judge_gate(cfg, challenger, value, where, alpha=0.05, baseline=None):
+    return gate.decide(cfg, challenger, value, METRIC, 0.0, baseline=baseline[:2] if baseline else None,
+                       alpha=alpha, meta_eval=where, baseline_meta_eval=baseline[2] if baseline else None)
+
+
+def test_a_challenger_a_little_better_but_not_significantly_is_refused_with_the_p_value(cfg, gold, tmp_path):
+    uri, ids = gold
+    mine, theirs = _outcomes(ids, both=99, only_challenger=21, only_champion=18)  # 0.594 vs 0.579
+    base, base_value = _meta_eval(tmp_path, "me-base", uri, theirs)
+    where, value = _meta_eval(tmp_path, "me-1", uri, mine)
+    assert value > base_value
+    v1 = _version(cfg)
+    d = _judge_gate(cfg, v1, value, where, baseline=("world:judge", base_value, base))
+    p = stats.binomtest(21, 39, 0.5, alternative="greater").pvalue
+    assert not d.promoted and gate.champion_of(cfg, "judge") is None
+    assert (d.mcnemar_b, d.mcnemar_c, d.alpha) == (21, 18, 0.05) and d.p_value == pytest.approx(p)
+    assert "McNemar b=21 c=18 p=0.37 ≥ alpha 0.05: champion stays" in d.reason
+    assert d.to_dict()["p_value"] == d.p_value
+    assert registry.get_version(cfg, v1).tags["flywheel.gate.decision"].startswith("refused")
+    # the margin alone would have promoted the same challenger
+    margin_only = _judge_gate(cfg, _version(cfg), value, where, alpha=None, baseline=("world:judge", base_value, base))
+    assert margin_only.promoted and margin_only.p_value is None
+
+
+def test_a_clearly_better_challenger_is_promoted_then_tested_against_as_champion(cfg, gold, tmp_path):
+    uri, ids = gold
+    mine, theirs = _outcomes(ids, both=99, only_challenger=30, only_champion=5)
+    base, base_value = _meta_eval(tmp_path, "me-base", uri, theirs)
+    where1, value1 = _meta_eval(tmp_path, "me-1", uri, mine)
+    v1 = _version(cfg)
+    d1 = _judge_gate(cfg, v1, value1, where1, baseline=("world:judge", base_value, base))
+    assert d1.promoted and gate.champion_of(cfg, "judge") == v1
+    assert (d1.mcnemar_b, d1.mcnemar_c) == (30, 5) and d1.p_value < 0.001 and "< alpha 0.05" in d1.reason
+    # the next challenger meets v1, the registered champion, through the meta-eval v1's version records
+    better = {k: ok or i in range(150, 153) for i, (k, ok) in enumerate(mine.items())}  # 3 more right: noise
+    where2, value2 = _meta_eval(tmp_path, "me-2", uri, better)
+    d2 = _judge_gate(cfg, _version(cfg), value2, where2)
+    assert d2.champion == v1 and (d2.mcnemar_b, d2.mcnemar_c) == (3, 0) and not d2.promoted
+    assert gate.champion_of(cfg, "judge") == v1
+
+
+def _no_tags(cfg, v1, where, value):
+    gate.decide(cfg, v1, value, METRIC, 0.0, baseline=("world:judge", 0.0))  # as registered before the test existed
+
+
+def _files_gone(cfg, v1, where, value):
+    _judge_gate(cfg, v1, value, where, baseline=("world:judge", 0.0, None))
+    shutil.rmtree(where.output_uri)
+
+
+def _gold_rewritten(cfg, v1, where, value):
+    _judge_gate(cfg, v1, value, where, baseline=("world:judge", 0.0, None))
+    write_gold(where.gold_uri, N, seed=1)  # the same gold uri, other pairs: v1 was judged on the old ones
+
+
+def _another_value(cfg, v1, where, value):
+    _judge_gate(cfg, v1, value, where, baseline=("world:judge", 0.0, None))
+    gate.record(cfg, v1, METRIC, value - 0.1)  # its outcomes no longer give the value it is compared by
+
+
+@pytest.mark.parametrize("setup, why", [(_no_tags, "the champion has no recorded meta-eval"),
+                                        (_files_gone, "cannot read the meta-eval"),
+                                        (_gold_rewritten, "changed since"),
+                                        (_another_value, "do not give its")],
+                         ids=["never-recorded", "files-gone", "gold-rewritten", "value-differs"])
+def test_a_champion_without_its_outcomes_falls_back_to_the_margin_rule(cfg, gold, tmp_path, setup, why):
+    uri, ids = gold
+    mine, theirs = _outcomes(ids, both=99, only_challenger=21, only_champion=18)  # not significant
+    where1, value1 = _meta_eval(tmp_path, "me-1", uri, theirs)
+    v1 = _version(cfg)
+    setup(cfg, v1, where1, value1)
+    assert gate.champion_of(cfg, "judge") == v1
+    ids2 = write_gold(uri, N, seed=1) if setup is _gold_rewritten else ids
+    mine = dict(zip(ids2, mine.values()))
+    where2, value2 = _meta_eval(tmp_path, "me-2", uri, mine)
+    d = _judge_gate(cfg, _version(cfg), value2, where2)
+    assert d.promoted and d.p_value is None and d.mcnemar_b is None and d.alpha == 0.05
+    assert "McNemar not run" in d.reason and why in d.reason and "margin rule" in d.reason
+
+
+def test_mcnemar_counts_only_pairs_both_judges_were_scored_on():
+    challenger = {"a": True, "b": True, "c": False, "d": True, "only-mine": True}
+    champion = {"a": True, "b": False, "c": True, "d": False, "only-theirs": False}
+    b, c, p = gate.mcnemar(challenger, champion)
+    assert (b, c) == (2, 1) and p == pytest.approx(stats.binomtest(2, 3, 0.5, alternative="greater").pvalue)
+    assert gate.mcnemar({"a": True}, {"a": True}) == (0, 0, 1.0)  # no discordant pair: no evidence
+    assert gate.mcnemar({k: True for k in "abcdefgh"}, {k: False for k in "abcdefgh"})[2] < 0.05

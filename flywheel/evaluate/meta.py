@@ -21,10 +21,10 @@ from typing import Any
 
 from flywheel import storage
 from flywheel.config import Config
-from flywheel.datasets import read_dataset, write_dataset
+from flywheel.datasets import ManifestMismatch, read_dataset, read_manifest, write_dataset
 from flywheel.engines import TextRequest, make_text_engine
-from flywheel.evaluate import perturbation
-from flywheel.evaluate.metrics import PairItem, PointItem, pairwise_metrics, pointwise_metrics
+from flywheel.evaluate import metric_names, perturbation
+from flywheel.evaluate.metrics import PairItem, PointItem, pair_correct, pairwise_metrics, pointwise_metrics
 from flywheel.judge import pairwise, pointwise
 from flywheel.records import config_hash
 from flywheel.stages.runner import CoreOutput, run_stage
@@ -82,20 +82,19 @@ def _key(row: dict) -> tuple:
     return row["prompt_id"], tuple(row["candidate_ids"]), row["protocol"], row["aspect"]
 
 
-def score_split(gold: list[dict], judged: list[dict], prompts: dict[str, dict], unseen_aspects: set[str],
-                ood_subtasks: set[str], protocols: tuple[str, ...] = ("pointwise", "pairwise")) -> dict[str, float]:
-    """Metrics of one split's judge judgments vs its gold, overall, per task category and per generalization.
+Slices = dict[str, tuple[list[PointItem], list[PairItem], list[PairItem]]]  # name -> (points, pairs, ranked)
 
-    Besides the pairwise protocol's accuracy, `<slice>/pointwise_ranking/accuracy` scores each overall gold pair
-    by the judge's two pointwise ratings (higher wins; equal ratings or a failed parse count wrong): the way the
-    flywheel's preference stage uses the judge, so it predicts the quality of the pairs it makes. `protocols`:
-    those the judge was asked in (meta_eval.protocols); a protocol left out has no metrics, not zeros."""
+
+def _slices(gold: list[dict], judged: list[dict], prompts: dict[str, dict], unseen_aspects: set[str],
+            ood_subtasks: set[str], protocols: tuple[str, ...]) -> Slices:
+    """The scored items of each slice (all, per task category, per generalization), keyed by gold judgment id:
+    one code path for the metrics and for the per-pair outcomes a paired gate test compares."""
     by_key: dict[tuple, dict[str | None, dict]] = defaultdict(dict)
     for j in judged:
         by_key[_key(j)][j["order"]] = j
     rating = {(j["prompt_id"], j["candidate_ids"][0]): j["score"] if j["parse_error"] is None else None
               for j in judged if j["protocol"] == "pointwise" and j["aspect"] is None}
-    slices: dict[str, tuple[list[PointItem], list[PairItem], list[PairItem]]] = defaultdict(lambda: ([], [], []))
+    slices: Slices = defaultdict(lambda: ([], [], []))
     for g in gold:
         p = prompts[g["prompt_id"]]
         names = ["all", f"task/{p['task']}"]
@@ -117,8 +116,20 @@ def score_split(gold: list[dict], judged: list[dict], prompts: dict[str, dict], 
                     a, b = (rating.get((g["prompt_id"], c)) for c in g["candidate_ids"])
                     verdict = None if a is None or b is None else "A" if a > b else "B" if b > a else "tie"
                     ranked.append(PairItem(key, g["verdict"], verdict))
+    return slices
+
+
+def score_split(gold: list[dict], judged: list[dict], prompts: dict[str, dict], unseen_aspects: set[str],
+                ood_subtasks: set[str], protocols: tuple[str, ...] = ("pointwise", "pairwise")) -> dict[str, float]:
+    """Metrics of one split's judge judgments vs its gold, overall, per task category and per generalization.
+
+    Besides the pairwise protocol's accuracy, `<slice>/pointwise_ranking/accuracy` scores each overall gold pair
+    by the judge's two pointwise ratings (higher wins; equal ratings or a failed parse count wrong): the way the
+    flywheel's preference stage uses the judge, so it predicts the quality of the pairs it makes. `protocols`:
+    those the judge was asked in (meta_eval.protocols); a protocol left out has no metrics, not zeros."""
     out: dict[str, float] = {}
-    for name, (points, pairs, ranked) in sorted(slices.items()):
+    for name, (points, pairs, ranked) in sorted(_slices(gold, judged, prompts, unseen_aspects, ood_subtasks,
+                                                        protocols).items()):
         if points:
             out |= {f"{name}/pointwise/{k}": v for k, v in pointwise_metrics(points).items()}
         if pairs:
@@ -127,6 +138,57 @@ def score_split(gold: list[dict], judged: list[dict], prompts: dict[str, dict], 
             m = pairwise_metrics(ranked)
             out |= {f"{name}/pointwise_ranking/{k}": m[k] for k in ("n", "accuracy", "parse_failure_rate")}
     return out
+
+
+def pair_outcomes(name: str, gold: list[dict], judged: list[dict], prompts: dict[str, dict],
+                  unseen_aspects: set[str], ood_subtasks: set[str]) -> dict[str, bool]:
+    """Gold judgment id -> whether the judge got that pair right, for one split's per-pair accuracy `name` (as
+    score_split names it, e.g. `all/pointwise_ranking/accuracy`, `task/iu/pairwise/accuracy`): the metric is
+    the mean of these outcomes."""
+    parsed = metric_names.per_pair_accuracy(name)
+    if parsed is None:
+        raise ValueError(f"{name!r} is not a per-pair accuracy (<slice>/{{{'|'.join(metric_names.PER_PAIR)}}}"
+                         "/accuracy)")
+    slice_name, protocol = parsed
+    # both protocols: the metric exists only if its own was asked, and asking another changes none of its items
+    slices = _slices(gold, judged, prompts, unseen_aspects, ood_subtasks, ("pointwise", "pairwise"))
+    _, pairs, ranked = slices.get(slice_name, ([], [], []))
+    return {i.key: pair_correct(i) for i in (pairs if protocol == "pairwise" else ranked)}
+
+
+class OutcomesUnavailable(LookupError):
+    """A judge's per-pair outcomes cannot be recomputed from storage; the message says why."""
+
+
+def _inputs(gold_base: str) -> list[str]:
+    """A split's meta-eval stage inputs, in the order its output's manifest records them as upstream."""
+    return [storage.join(gold_base, part) for part in ("judgments", "prompts", "candidates")]
+
+
+def _gold(gold_base: str) -> tuple[list[dict], dict[str, dict]]:
+    """A split's gold items meta-eval scores (pointwise and pairwise) and its prompts by id."""
+    gold = [g for g in read_dataset(storage.join(gold_base, "judgments"))[0].to_pylist()
+            if g["protocol"] in ("pointwise", "pairwise")]
+    prompts = {r["prompt_id"]: r for r in read_dataset(storage.join(gold_base, "prompts"))[0].to_pylist()}
+    return gold, prompts
+
+
+def stored_outcomes(cfg: Config, gold_uri: str, output_uri: str, metric: str) -> dict[str, bool]:
+    """pair_outcomes of `metric` (`<split>/<name>`, as gate.judge_metric) for the judge whose meta-eval wrote
+    its judged rows under `output_uri`, recomputed from storage against the gold under `gold_uri`. Raises
+    OutcomesUnavailable when the rows are gone or the gold is no longer the one they were judged against."""
+    split, name = metric_names.split_of(metric)
+    base, judged_uri = storage.join(gold_uri, split), storage.join(output_uri, split)
+    try:
+        table, manifest = read_dataset(judged_uri)
+        gold_hashes = [read_manifest(uri).content_hash for uri in _inputs(base)]
+        if [u.content_hash for u in manifest.upstream] != gold_hashes:
+            raise OutcomesUnavailable(f"the gold at {base} changed since {judged_uri} was judged")
+        gold, prompts = _gold(base)
+    except (FileNotFoundError, ManifestMismatch) as e:  # FileNotFoundError covers a missing manifest
+        raise OutcomesUnavailable(f"cannot read the meta-eval at {judged_uri}: {e}") from e
+    s = cfg.world.suites.split
+    return pair_outcomes(name, gold, table.to_pylist(), prompts, set(s.ood_aspects), set(s.ood_subtasks))
 
 
 def _scores(gold: list[dict], judged: list[dict]) -> dict[str, float | None]:
@@ -189,18 +251,16 @@ def run(cfg: Config, gold_uri: str, output_uri: str, role: str = "judge", engine
         if not storage.exists(storage.join(base, "judgments", "manifest.json")):
             log.info("meta-eval: no gold for %s at %s; skipped", split, base)
             continue
-        prompts_uri, cands_uri = storage.join(base, "prompts"), storage.join(base, "candidates")
+        inputs = _inputs(base)
+        _, prompts_uri, cands_uri = inputs
         factory = engine_factory or (lambda: None)
         out_uri = storage.join(output_uri, split)
-        run_stage(f"meta-eval-{split}", inputs=[storage.join(base, "judgments"), prompts_uri, cands_uri],
-                  output=out_uri, kind="judgment",
+        run_stage(f"meta-eval-{split}", inputs=inputs, output=out_uri, kind="judgment",
                   core_factory=lambda: MetaEvalCore(cfg, prompts_uri, cands_uri, factory(), role),
                   resources=cfg.resources.labeling, batch_size=cfg.judgments.batch_size,
                   stage_hash=cfg.stage_hash(f"meta-eval-{role}"), limits=cfg.limits, tracker=None)
-        gold = [g for g in read_dataset(storage.join(base, "judgments"))[0].to_pylist()
-                if g["protocol"] in ("pointwise", "pairwise")]
+        gold, prompts = _gold(base)
         judged = read_dataset(out_uri)[0].to_pylist()
-        prompts = {r["prompt_id"]: r for r in read_dataset(prompts_uri)[0].to_pylist()}
         results[split] = score_split(gold, judged, prompts, set(split_cfg.ood_aspects), set(split_cfg.ood_subtasks),
                                      tuple(cfg.meta_eval.protocols))
         log.info("meta-eval %s: ranking accuracy %.3f, pairwise accuracy %.3f, Kendall tau-b %.3f", split,

@@ -60,22 +60,27 @@ def pointwise_metrics(items: Sequence[PointItem]) -> dict[str, float]:
     return out
 
 
+def pair_correct(item: PairItem) -> bool:
+    """The judge got the pair right: it gave a verdict and every verdict it gave (both orders, when judged in
+    both) names the gold winner. An item without a usable verdict is wrong, never a guess."""
+    verdicts = [v for v in (item.verdict_ab, item.verdict_ba) if v is not None]
+    return bool(verdicts) and all(v == item.gold for v in verdicts)
+
+
 def pairwise_metrics(items: Sequence[PairItem]) -> dict[str, float]:
     n = len(items)
     if not n:
         return {"n": 0.0, "accuracy": float("nan"), "position_bias_rate": float("nan"),
                 "parse_failure_rate": float("nan")}
-    right = flips = both = 0
+    right = sum(pair_correct(i) for i in items)
+    flips = both = 0
     for i in items:
-        verdicts = [v for v in (i.verdict_ab, i.verdict_ba) if v is not None]
         if i.verdict_ab is not None and i.verdict_ba is not None:
             both += 1
             flips += i.verdict_ab != i.verdict_ba
-        if verdicts and all(v == i.gold for v in verdicts):
-            right += 1
     return {
         "n": float(n),
-        "accuracy": right / n,  # an item without a usable verdict counts as wrong, never as a guess
+        "accuracy": right / n,  # the mean of pair_correct: a paired test compares judges item by item
         "position_bias_rate": flips / both if both else float("nan"),
         "parse_failure_rate": sum(1 for i in items if i.verdict_ab is None and i.verdict_ba is None) / n,
     }

@@ -1,6 +1,7 @@
 """Meta-eval end to end on small gold sets: the noiseless oracle is perfect, a noisy teacher is not, and a
 random judge's outputs are parse failures (never scores)."""
 
+import random
 import sys
 
 import pytest
@@ -103,6 +104,82 @@ def test_pointwise_ranking_orders_gold_pairs_by_the_judges_ratings():
     assert m["all/pointwise_ranking/accuracy"] == 0.5
     assert m["all/pointwise_ranking/parse_failure_rate"] == 0.25
     assert m["all/pairwise/accuracy"] == 0.0  # no pairwise-protocol judgments at all: nothing is guessed
+
+
+# ---------------------------------------------------------------- per-pair outcomes (the gate's McNemar test)
+def _random_split(seed: int = 0):
+    """A split with two task categories and an ood sub-task: overall and aspect gold pairs, pointwise ratings (some
+    unparsed, some tied, some missing) and pairwise verdicts in both orders (some flipped, unparsed or missing)."""
+    rng = random.Random(seed)
+    prompts = {f"p{i}": {"task": task, "subtask": sub} for i, (task, sub) in
+               enumerate([("iu", "iu_count"), ("iu", "iu_relation"), ("nlg", "nlg_describe_scene")] * 4)}
+    gold, judged, pointwise_rows = [], [], []
+    for pid in prompts:
+        cands = [f"{pid}-c{k}" for k in range(4)]
+        for c in cands:
+            r = rng.random()
+            score, error = (None, "no 'Rating:' line") if r < 0.15 else (float(rng.randint(1, 5)), None)
+            if r > 0.05:  # a few items are not judged at all (an engine error)
+                pointwise_rows.append({"prompt_id": pid, "candidate_ids": [c], "protocol": "pointwise",
+                                       "aspect": None, "order": None, "score": score, "parse_error": error})
+        for n, (a, b) in enumerate([(0, 1), (0, 2), (1, 3), (2, 3)]):
+            aspect = "color" if n == 3 else None  # an aspect pair: pairwise protocol only, never ranked
+            g = {"judgment_id": f"{pid}-g{n}", "prompt_id": pid, "candidate_ids": [cands[a], cands[b]],
+                 "protocol": "pairwise", "aspect": aspect, "verdict": rng.choice("AB"), "score": None}
+            gold.append(g)
+            for order in ("AB", "BA"):
+                r = rng.random()
+                if r < 0.1:
+                    continue
+                verdict, error = (None, "no verdict") if r < 0.2 else (rng.choice("AB"), None)
+                judged.append({**{k: g[k] for k in ("prompt_id", "candidate_ids", "protocol", "aspect")},
+                               "order": order, "verdict": verdict, "parse_error": error})
+    return gold, judged + pointwise_rows, prompts
+
+
+def test_each_per_pair_accuracy_is_the_mean_of_its_pair_outcomes():
+    gold, judged, prompts = _random_split()
+    unseen, ood = {"color"}, {"iu_relation"}
+    metrics = meta.score_split(gold, judged, prompts, unseen, ood)
+    names = [k for k in metrics if k.endswith("/accuracy")]
+    assert {"all/pairwise/accuracy", "all/pointwise_ranking/accuracy", "task/iu/pairwise/accuracy",
+            "task/nlg/pointwise_ranking/accuracy", "task_generalization/pointwise_ranking/accuracy",
+            "aspect_generalization/pairwise/accuracy"} <= set(names)
+    for name in names:
+        outcomes = meta.pair_outcomes(name, gold, judged, prompts, unseen, ood)
+        n = metrics[name.replace("/accuracy", "/n")]
+        assert len(outcomes) == n and 0 < sum(outcomes.values()) < n, name  # a mix of right and wrong
+        assert sum(outcomes.values()) / len(outcomes) == pytest.approx(metrics[name], abs=1e-12), name
+    ranked = meta.pair_outcomes("all/pointwise_ranking/accuracy", gold, judged, prompts, unseen, ood)
+    assert set(ranked) == {g["judgment_id"] for g in gold if g["aspect"] is None}  # keyed by gold pair
+    with pytest.raises(ValueError, match="not a per-pair accuracy"):
+        meta.pair_outcomes("all/pointwise/kendall_tau_b", gold, judged, prompts, unseen, ood)
+
+
+def test_outcomes_are_recomputed_from_storage_only_against_the_gold_they_were_judged_on(tmp_path):
+    from stored_meta_eval import METRIC, write_gold, write_judged
+
+    cfg = load_config(None, [f"run.workdir={tmp_path}"])
+    gold_uri, out = str(tmp_path / "gold"), str(tmp_path / "me")
+    ids = write_gold(gold_uri, 12)
+    right = {k: i % 3 == 0 for i, k in enumerate(ids)}
+    write_judged(out, gold_uri, right)
+    assert meta.stored_outcomes(cfg, gold_uri, out, METRIC) == right
+    with pytest.raises(meta.OutcomesUnavailable, match="cannot read"):
+        meta.stored_outcomes(cfg, gold_uri, str(tmp_path / "nothing-here"), METRIC)
+    write_gold(gold_uri, 12, seed=1)  # other gold pairs at the same uri: the rows were judged on the old ones
+    with pytest.raises(meta.OutcomesUnavailable, match="changed since"):
+        meta.stored_outcomes(cfg, gold_uri, out, METRIC)
+
+
+def test_a_meta_evals_outcomes_are_recomputed_from_what_it_wrote(gold_uri):
+    c, root = gold_uri
+    noisy = lambda: OracleTextEngine(TeacherConfig(error_rate=0.4, seed=3), c.world.shapes)  # noqa: E731
+    res = meta.run(c, str(root / "gold"), str(root / "me-noisy"), engine_factory=noisy)  # skipped when done
+    for name in ("all/pairwise/accuracy", "all/pointwise_ranking/accuracy"):
+        outcomes = meta.stored_outcomes(c, str(root / "gold"), str(root / "me-noisy"), f"id-test/{name}")
+        assert len(outcomes) == res["id-test"][name.replace("/accuracy", "/n")]
+        assert sum(outcomes.values()) / len(outcomes) == pytest.approx(res["id-test"][name], abs=1e-12)
 
 
 # ---------------------------------------------------------------- Minos' perturbation checks (meta_eval.perturbation)

@@ -3,7 +3,8 @@ import math
 import pytest
 from scipy import stats
 
-from flywheel.evaluate.metrics import PairItem, PointItem, pairs_from_points, pairwise_metrics, pointwise_metrics
+from flywheel.evaluate.metrics import (PairItem, PointItem, pair_correct, pairs_from_points, pairwise_metrics,
+                                      pointwise_metrics)
 
 
 def test_pointwise_correlations_match_scipy_and_parse_failures_are_not_imputed():
@@ -32,6 +33,7 @@ def test_pairwise_accuracy_requires_both_orders_and_counts_flips():
         PairItem("d", "B", None, None),  # unparsed: wrong
     ]
     m = pairwise_metrics(items)
+    assert [pair_correct(i) for i in items] == [True, False, True, False]  # the accuracy is their mean
     assert m["accuracy"] == 0.5
     assert m["position_bias_rate"] == 0.5
     assert m["parse_failure_rate"] == 0.25

@@ -1,0 +1,24 @@
+"""Names of meta-eval metrics: `<split>/<slice>/<protocol>/<measure>`, e.g. `id-test/all/pairwise/accuracy` or
+`id-test/task/iu/pointwise_ranking/accuracy` (a slice may have a slash itself). Import-light on purpose: the
+config validates the gate's metric with it."""
+
+from __future__ import annotations
+
+# Protocols whose accuracy is a mean of one right/wrong outcome per gold pair, so two judges scored on the same
+# gold pairs can be compared pair by pair (McNemar).
+PER_PAIR = ("pairwise", "pointwise_ranking")
+
+
+def split_of(metric: str) -> tuple[str, str]:
+    """`id-test/all/pairwise/accuracy` -> ("id-test", "all/pairwise/accuracy"): meta-eval reports per split."""
+    split, _, name = metric.partition("/")
+    return split, name
+
+
+def per_pair_accuracy(name: str) -> tuple[str, str] | None:
+    """(slice, protocol) of a split's per-pair accuracy `<slice>/<protocol>/accuracy` (no split prefix: the names
+    score_split returns), or None for any other metric."""
+    parts = name.split("/")
+    if len(parts) < 3 or parts[-1] != "accuracy" or parts[-2] not in PER_PAIR:
+        return None
+    return "/".join(parts[:-2]), parts[-2]
