@@ -16,6 +16,7 @@ says so.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 from dataclasses import asdict, dataclass
@@ -176,30 +177,59 @@ def decide(cfg: Config, challenger: str, challenger_value: float, metric: str, m
     McNemar's test too, `alpha`: then it must also be significantly better on the gold pairs both were scored
     on. `meta_eval` is recorded on the version, so it can be tested against once it is the champion."""
     mv = registry.get_version(cfg, challenger)
+    if (earlier := _decided(cfg, mv, challenger)) is not None:
+        return earlier
     record(cfg, challenger, metric, challenger_value)
     if meta_eval is not None:
         record_meta_eval(cfg, challenger, meta_eval)
     champ_ref, champ_value, champ_meta_eval = _champion(cfg, mv.name, metric, baseline, baseline_meta_eval)
     promoted, reason, test = _rule(cfg, metric, challenger_value, champ_value, margin, alpha, meta_eval,
                                    champ_meta_eval)
-    client = registry.client(cfg)
-    if promoted:
-        client.set_registered_model_alias(mv.name, CHAMPION, mv.version)
-    client.set_model_version_tag(mv.name, mv.version, "flywheel.gate.decision",
-                                 (("promoted: " if promoted else "refused: ") + reason)[:4900])  # MLflow's cap
-    log.info("gate %s: %s %s (%s)", mv.name, challenger, "promoted" if promoted else "not promoted", reason)
     b, c, p = test if test is not None else (None, None, None)
-    return Decision(mv.name, challenger, champ_ref, metric, float(challenger_value), float(champ_value), margin,
-                    promoted, reason, alpha, b, c, p)
+    d = Decision(mv.name, challenger, champ_ref, metric, float(challenger_value), float(champ_value), margin,
+                 promoted, reason, alpha, b, c, p)
+    _settle(cfg, mv, d)
+    log.info("gate %s: %s %s (%s)", mv.name, challenger, "promoted" if promoted else "not promoted", reason)
+    return d
 
 
 def refuse(cfg: Config, challenger: str, metric: str, reason: str) -> Decision:
     """Record that an update is not promoted without comparing it with the champion: its own training refused
     it (the held-out guard fired, or it never beat its starting model). The reason goes on the version."""
     mv = registry.get_version(cfg, challenger)
-    current = champion_of(cfg, mv.name)
-    registry.client(cfg).set_model_version_tag(mv.name, mv.version, "flywheel.gate.decision",
-                                               f"refused by its training: {reason}"[:4900])
+    if (earlier := _decided(cfg, mv, challenger)) is not None:
+        return earlier
+    d = Decision(mv.name, challenger, champion_of(cfg, mv.name), metric, math.nan, math.nan, 0.0, False,
+                 f"refused by its training: {reason}")
+    _settle(cfg, mv, d)
     log.info("gate %s: %s refused by its training (%s)", mv.name, challenger, reason)
-    return Decision(mv.name, challenger, current, metric, math.nan, math.nan, 0.0, False,
-                    f"refused by its training: {reason}")
+    return d
+
+
+# A version is decided once. On `--resume` the gate stage runs again; deciding again would compare a promoted
+# challenger with itself (now the champion) and overwrite its record with a refusal.
+RECORD_TAG = "flywheel.gate.record"
+
+
+def _decided(cfg: Config, mv, challenger: str) -> Decision | None:
+    """The decision recorded on this version by an earlier run of the gate (its alias re-applied), else None."""
+    raw = mv.tags.get(RECORD_TAG)
+    if raw is None:
+        return None
+    d = Decision(**json.loads(raw))
+    if d.promoted:  # a run killed between recording and the alias leaves the alias to set
+        registry.client(cfg).set_registered_model_alias(mv.name, CHAMPION, mv.version)
+    log.info("gate %s: %s was decided before (%s): %s", mv.name, challenger,
+             "promoted" if d.promoted else "not promoted", d.reason)
+    return d
+
+
+def _settle(cfg: Config, mv, d: Decision) -> None:
+    """Record the decision on the version (first, so a resumed run finds it), then move the alias."""
+    client = registry.client(cfg)
+    record = d.to_dict() | {"reason": d.reason[:3000]}  # MLflow caps a tag value at 5,000 characters
+    client.set_model_version_tag(mv.name, mv.version, RECORD_TAG, json.dumps(record, allow_nan=True))
+    client.set_model_version_tag(mv.name, mv.version, "flywheel.gate.decision",
+                                 (("promoted: " if d.promoted else "refused: ") + d.reason)[:4900])
+    if d.promoted:
+        client.set_registered_model_alias(mv.name, CHAMPION, mv.version)

@@ -63,6 +63,30 @@ def test_policies_keep_the_margin_rule_without_a_paired_test(cfg):
     assert "McNemar" not in d.reason
 
 
+
+def test_a_version_is_decided_once_so_a_resumed_gate_keeps_the_decision(cfg):
+    # --resume runs the gate stage again: a promoted challenger is now the champion and, decided again, would
+    # be compared with itself and refused
+    v1 = _version(cfg)
+    first = gate.decide(cfg, v1, 0.6, "acc", 0.0, baseline=("zoo:judge", 0.2))
+    again = gate.decide(cfg, v1, 0.6, "acc", 0.0)
+    assert first.promoted and again == first
+    assert registry.get_version(cfg, v1).tags["flywheel.gate.decision"].startswith("promoted")
+    v2 = _version(cfg)
+    refused = gate.refuse(cfg, v2, "acc", "held-out accuracy fell")
+    again = gate.refuse(cfg, v2, "acc", "another reason")
+    assert not again.promoted and again.reason == refused.reason
+    assert gate.champion_of(cfg, "judge") == v1
+
+
+def test_a_gate_killed_before_it_moved_the_alias_moves_it_when_resumed(cfg):
+    v1 = _version(cfg)
+    gate.decide(cfg, v1, 0.6, "acc", 0.0, baseline=("zoo:judge", 0.2))
+    registry.client(cfg).delete_registered_model_alias("judge", gate.CHAMPION)  # the kill came in between
+    assert gate.champion_of(cfg, "judge") is None
+    assert gate.decide(cfg, v1, 0.6, "acc", 0.0).promoted
+    assert gate.champion_of(cfg, "judge") == v1
+
 # ------------------------------------------------------------------ the judge's paired test (gate.judge_test)
 N = 202  # gold pairs, as many as the local id-test gold set has
 
