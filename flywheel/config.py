@@ -564,6 +564,13 @@ class GateConfig(_Strict):
     policy_margin: float = Field(0.0, description="How much better the new text policy must be.")
     generator_metric: str = Field("score10", description="Oracle 0-10 score of the generator on held-out prompts.")
     generator_margin: float = Field(0.0, description="How much better the new generator must be.")
+    downstream_test: Literal["none", "paired"] = Field(
+        "paired", description="Paired test a policy or generator must also pass: `paired` promotes only if a "
+        "one-sided test on the held-out items both models answered gives p < downstream_alpha (McNemar's exact "
+        "test when the metric is right/wrong per item, as `accuracy`; Wilcoxon's signed-rank test for scores, as "
+        "`score10`); `none`: the margin alone. A metric without per-item values (e.g. `accuracy/colour`) is gated "
+        "by the margin, and the decision says so.")
+    downstream_alpha: float = Field(0.05, gt=0, lt=1, description="Significance level of downstream_test.")
     eval_items: int = Field(120, ge=10, description="Held-out items per downstream evaluation.")
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 from scipy import stats
@@ -41,10 +42,12 @@ class Decision:
     margin: float
     promoted: bool
     reason: str
-    # McNemar's test (gate.judge_test): None when it was not run (policies, margin rule, or no outcomes to compare)
+    # The paired test (gate.judge_test, gate.downstream_test): None when it was not run (margin rule alone, or
+    # nothing to compare item by item)
     alpha: float | None = None  # the level asked for; None: the margin rule alone
-    mcnemar_b: int | None = None  # gold pairs only the challenger got right
-    mcnemar_c: int | None = None  # gold pairs only the champion got right
+    test: str | None = None  # "McNemar" (right/wrong per item) or "Wilcoxon" (scores per item)
+    better: int | None = None  # items the challenger got right and the champion wrong (McNemar's b) / scored higher
+    worse: int | None = None  # the reverse (McNemar's c)
     p_value: float | None = None
 
     def to_dict(self) -> dict:
@@ -97,6 +100,10 @@ def recorded_meta_eval(cfg: Config, uri: str) -> MetaEval | None:
     return MetaEval(tags[META_EVAL_TAG], tags[GOLD_TAG])
 
 
+class Untestable(Exception):
+    """The paired test cannot be run; the message says why (the gate falls back to the margin rule)."""
+
+
 def mcnemar(challenger: dict[str, bool], champion: dict[str, bool]) -> tuple[int, int, float]:
     """McNemar's exact one-sided test on the pairs both judges were scored on (pair key -> right): b pairs only the
     challenger got right, c only the champion; p = P(>= b of the b + c discordant pairs | equally good judges)."""
@@ -108,8 +115,28 @@ def mcnemar(challenger: dict[str, bool], champion: dict[str, bool]) -> tuple[int
     return b, c, float(stats.binomtest(b, b + c, 0.5, alternative="greater").pvalue)
 
 
-class Untestable(Exception):
-    """The paired test cannot be run; the message says why (the gate falls back to the margin rule)."""
+def wilcoxon(challenger: list[float], champion: list[float]) -> tuple[int, int, float]:
+    """Wilcoxon's signed-rank one-sided test on per-item scores of the same items (in the same order): items
+    the challenger scored higher, lower, and p = P(differences at least this positive | equally good models)."""
+    diff = [a - b for a, b in zip(challenger, champion, strict=True)]
+    better, worse = sum(d > 0 for d in diff), sum(d < 0 for d in diff)
+    if better + worse == 0:  # the same score on every item: no evidence either way
+        return better, worse, 1.0
+    return better, worse, float(stats.wilcoxon(challenger, champion, alternative="greater").pvalue)
+
+
+def paired_items(challenger: list[float], champion: list[float]) -> tuple[str, int, int, float]:
+    """The paired test that fits per-item values of two models on the same items: McNemar for right/wrong
+    (0/1) values, Wilcoxon for scores. Returns (test, better, worse, p)."""
+    if len(challenger) != len(champion):
+        raise Untestable(f"{len(challenger)} challenger items against {len(champion)} champion items")
+    if set(challenger) | set(champion) <= {0.0, 1.0}:
+        return ("McNemar", *mcnemar({i: v == 1.0 for i, v in enumerate(challenger)},
+                                    {i: v == 1.0 for i, v in enumerate(champion)}))
+    return ("Wilcoxon", *wilcoxon(challenger, champion))
+
+
+Paired = Callable[[], tuple[str, int, int, float]]  # runs the paired test: (test, better, worse, p) or Untestable
 
 
 def _outcomes(cfg: Config, who: str, where: MetaEval | None, metric: str, value: float) -> dict[str, bool]:
@@ -129,6 +156,15 @@ def _outcomes(cfg: Config, who: str, where: MetaEval | None, metric: str, value:
     return got
 
 
+def _checked_items(items: tuple[list[float], list[float]], value: float, champ_value: float,
+                   metric: str) -> tuple[list[float], list[float]]:
+    """The per-item values, if they average to the values gated on (else they measured something else)."""
+    for who, got, want in (("challenger", items[0], value), ("champion", items[1], champ_value)):
+        if not got or not math.isclose(sum(got) / len(got), want, rel_tol=1e-9, abs_tol=1e-9):
+            raise Untestable(f"the {who}'s {len(got)} per-item values do not average to its {metric} {want:.4f}")
+    return items
+
+
 def _champion(cfg: Config, name: str, metric: str, baseline: tuple[str, float] | None,
               baseline_meta_eval: MetaEval | None) -> tuple[str | None, float, MetaEval | None]:
     """(ref, value, meta-eval) of what the challenger must beat: the registered champion, else `baseline`."""
@@ -145,9 +181,10 @@ def _champion(cfg: Config, name: str, metric: str, baseline: tuple[str, float] |
     return None, -math.inf, None
 
 
-def _rule(cfg: Config, metric: str, value: float, champ_value: float, margin: float, alpha: float | None,
-          mine: MetaEval | None, theirs: MetaEval | None) -> tuple[bool, str, tuple[int, int, float] | None]:
-    """(promoted, reason, McNemar's (b, c, p) if it ran): the margin rule, then, with `alpha`, the paired test."""
+def _rule(metric: str, value: float, champ_value: float, margin: float, alpha: float | None,
+          paired: Paired | None) -> tuple[bool, str, tuple[str, int, int, float] | None]:
+    """(promoted, reason, the paired test's (test, better, worse, p) if it ran): the margin rule, then, with
+    `alpha`, the paired test."""
     if math.isnan(value):
         return False, f"{metric} of the challenger is undefined (NaN)", None
     if not (math.isnan(champ_value) or value > champ_value + margin):  # "beats": strictly better
@@ -158,24 +195,29 @@ def _rule(cfg: Config, metric: str, value: float, champ_value: float, margin: fl
     try:
         if not math.isfinite(champ_value):
             raise Untestable("no champion value to test against")
-        b, c, p = mcnemar(_outcomes(cfg, "challenger", mine, metric, value),
-                          _outcomes(cfg, "champion", theirs, metric, champ_value))
+        if paired is None:
+            raise Untestable("no per-item values to compare")
+        test, b, c, p = paired()
     except Untestable as e:
-        return True, f"{beats}; McNemar not run ({e}): margin rule", None
+        return True, f"{beats}; paired test not run ({e}): margin rule", None
+    counts = f"b={b} c={c}" if test == "McNemar" else f"{b} items higher, {c} lower"
     if p < alpha:
-        return True, f"{beats} and McNemar b={b} c={c} p={p:.2g} < alpha {alpha}", (b, c, p)
-    return False, f"{beats} but McNemar b={b} c={c} p={p:.2g} ≥ alpha {alpha}: champion stays", (b, c, p)
+        return True, f"{beats} and {test} {counts} p={p:.2g} < alpha {alpha}", (test, b, c, p)
+    return False, f"{beats} but {test} {counts} p={p:.2g} ≥ alpha {alpha}: champion stays", (test, b, c, p)
 
 
 def decide(cfg: Config, challenger: str, challenger_value: float, metric: str, margin: float,
            baseline: tuple[str, float] | None = None, *, alpha: float | None = None,
-           meta_eval: MetaEval | None = None, baseline_meta_eval: MetaEval | None = None) -> Decision:
+           meta_eval: MetaEval | None = None, baseline_meta_eval: MetaEval | None = None,
+           items: tuple[list[float], list[float]] | None = None) -> Decision:
     """Promote `challenger` (a registered version) if it beats the champion by `margin` on `metric` (higher is
     better). `baseline` = (ref, value) stands in for the champion when the model has none registered yet.
 
-    A judge passes where its meta-eval is (`meta_eval`; `baseline_meta_eval` for the baseline's) and, to ask for
-    McNemar's test too, `alpha`: then it must also be significantly better on the gold pairs both were scored
-    on. `meta_eval` is recorded on the version, so it can be tested against once it is the champion."""
+    With `alpha` the challenger must also be significantly better item by item (one-sided paired test). A judge
+    passes where its meta-eval is (`meta_eval`; `baseline_meta_eval` for the baseline's): McNemar on the gold
+    pairs both were scored on; `meta_eval` is recorded on the version, so it can be tested against once it is
+    the champion. A policy passes `items` = (challenger's, champion's) per-item values of `metric` on the same
+    held-out items, measured side by side: McNemar for right/wrong items, Wilcoxon for scores."""
     mv = registry.get_version(cfg, challenger)
     if (earlier := _decided(cfg, mv, challenger)) is not None:
         return earlier
@@ -183,11 +225,19 @@ def decide(cfg: Config, challenger: str, challenger_value: float, metric: str, m
     if meta_eval is not None:
         record_meta_eval(cfg, challenger, meta_eval)
     champ_ref, champ_value, champ_meta_eval = _champion(cfg, mv.name, metric, baseline, baseline_meta_eval)
-    promoted, reason, test = _rule(cfg, metric, challenger_value, champ_value, margin, alpha, meta_eval,
-                                   champ_meta_eval)
-    b, c, p = test if test is not None else (None, None, None)
+
+    def per_item() -> tuple[str, int, int, float]:
+        return paired_items(*_checked_items(items, challenger_value, champ_value, metric))
+
+    def gold_pairs() -> tuple[str, int, int, float]:
+        return ("McNemar", *mcnemar(_outcomes(cfg, "challenger", meta_eval, metric, challenger_value),
+                                    _outcomes(cfg, "champion", champ_meta_eval, metric, champ_value)))
+
+    paired = per_item if items is not None else gold_pairs if meta_eval is not None else None
+    promoted, reason, test = _rule(metric, challenger_value, champ_value, margin, alpha, paired)
+    name, b, c, p = test if test is not None else (None, None, None, None)
     d = Decision(mv.name, challenger, champ_ref, metric, float(challenger_value), float(champ_value), margin,
-                 promoted, reason, alpha, b, c, p)
+                 promoted, reason, alpha, name, b, c, p)
     _settle(cfg, mv, d)
     log.info("gate %s: %s %s (%s)", mv.name, challenger, "promoted" if promoted else "not promoted", reason)
     return d

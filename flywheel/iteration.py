@@ -188,7 +188,7 @@ def _train_and_gate_policies(start: Config, cfg: Config, p: dict, pref: dict, n:
             fallback = None
             if "heldout.best_step" not in result.final and len(methods) > 1:  # no held-out curve to compare
                 with stage(f"eval-{role}-{method}"):
-                    fallback = evaluate(cfg, result.model_uri)[metric]
+                    fallback = evaluate(cfg, result.model_uri).metrics[metric]
             outcomes.append(outcome_of(method, result.model_uri, result.final, fallback, metric))
         _promote_best_update(cfg, role, base, outcomes, evaluate, metric, margin, stage, res)
 
@@ -227,10 +227,10 @@ def _promote_best_update(cfg: Config, role: str, base: str, outcomes: list, eval
         with stage(f"eval-{role}"):
             before = evaluate(cfg, base)
             after = evaluate(cfg, new)
-            res.downstream[role] = {"before": before, "after": after, "model": new, "base": base,
+            res.downstream[role] = {"before": before.metrics, "after": after.metrics, "model": new, "base": base,
                                     "methods": choice.comparison()}
-            mlflow.log_metrics({f"{role}.before.{k}": v for k, v in before.items() if v == v} |
-                               {f"{role}.after.{k}": v for k, v in after.items() if v == v})
+            mlflow.log_metrics({f"{role}.before.{k}": v for k, v in before.metrics.items() if v == v} |
+                               {f"{role}.after.{k}": v for k, v in after.metrics.items() if v == v})
     with stage(f"gate-{role}"):
         mlflow.log_dict(choice.comparison(), f"gate/{role}-methods.json")
         for o in choice.refused:
@@ -238,7 +238,12 @@ def _promote_best_update(cfg: Config, role: str, base: str, outcomes: list, eval
             res.decisions.append(d.to_dict())
             mlflow.log_dict(d.to_dict(), f"gate/{role}-{o.method}.json")
         if choice.winner is not None:
-            d = gate.decide(cfg, choice.winner.model, after[metric], metric, margin, baseline=(base, before[metric]))
+            # both answered the same held-out items just now: the gate compares them item by item
+            paired = metric in after.per_item and metric in before.per_item
+            d = gate.decide(cfg, choice.winner.model, after.metrics[metric], metric, margin,
+                            baseline=(base, before.metrics[metric]),
+                            alpha=cfg.gate.downstream_alpha if cfg.gate.downstream_test == "paired" else None,
+                            items=(after.per_item[metric], before.per_item[metric]) if paired else None)
             res.decisions.append(d.to_dict())
             mlflow.log_dict(d.to_dict(), f"gate/{role}.json")
 

@@ -56,11 +56,54 @@ def test_a_tie_or_nan_never_promotes(cfg):
     assert gate.champion_of(cfg, "judge") is None
 
 
-def test_policies_keep_the_margin_rule_without_a_paired_test(cfg):
+def test_without_alpha_the_margin_rule_alone_decides(cfg):
     v1 = _version(cfg, "policy-llava")
     d = gate.decide(cfg, v1, 0.51, "accuracy", 0.0, baseline=("world:policy", 0.5))
-    assert d.promoted and d.alpha is None and d.mcnemar_b is d.mcnemar_c is d.p_value is None
+    assert d.promoted and d.alpha is None and d.test is d.better is d.worse is d.p_value is None
     assert "McNemar" not in d.reason
+
+
+def _mean(xs):
+    return sum(xs) / len(xs)
+
+
+def test_a_policy_a_few_items_better_is_refused_by_mcnemar_on_its_held_out_items(cfg):
+    # 120 held-out questions: the new policy answers 8 more right and 5 fewer - a margin alone would promote it
+    before = [1.0] * 60 + [0.0] * 60
+    after = [1.0] * 55 + [0.0] * 5 + [1.0] * 8 + [0.0] * 52
+    v1 = _version(cfg, "policy-llava")
+    d = gate.decide(cfg, v1, _mean(after), "accuracy", 0.0, baseline=("world:policy", _mean(before)), alpha=0.05,
+                    items=(after, before))
+    p = stats.binomtest(8, 13, 0.5, alternative="greater").pvalue
+    assert not d.promoted and (d.test, d.better, d.worse) == ("McNemar", 8, 5) and d.p_value == pytest.approx(p)
+    assert "champion stays" in d.reason and gate.champion_of(cfg, "policy-llava") is None
+    v2 = _version(cfg, "policy-llava")
+    after = [1.0] * 60 + [1.0] * 20 + [0.0] * 40  # 20 more right, none lost
+    d2 = gate.decide(cfg, v2, _mean(after), "accuracy", 0.0, baseline=("world:policy", _mean(before)),
+                     alpha=0.05, items=(after, before))
+    assert d2.promoted and (d2.better, d2.worse) == (20, 0) and d2.p_value < 1e-5
+
+
+def test_a_generator_is_tested_by_wilcoxon_on_its_per_prompt_scores(cfg):
+    before = [float(i % 10) for i in range(120)]
+    noisy = [s + (1.0, -1.0, 0.5, -0.5, 0.3)[i % 5] for i, s in enumerate(before)]  # +0.06 on average: noise
+    v1 = _version(cfg, "policy-sdxl")
+    d1 = gate.decide(cfg, v1, _mean(noisy), "score10", 0.0, baseline=("world:generator", _mean(before)),
+                     alpha=0.05, items=(noisy, before))
+    assert not d1.promoted and d1.test == "Wilcoxon" and d1.p_value >= 0.05
+    better = [s + (0.8 if i % 4 else -0.2) for i, s in enumerate(before)]  # higher on 90 prompts, lower on 30
+    v2 = _version(cfg, "policy-sdxl")
+    d2 = gate.decide(cfg, v2, _mean(better), "score10", 0.0, baseline=("world:generator", _mean(before)),
+                     alpha=0.05, items=(better, before))
+    assert d2.promoted and (d2.test, d2.better, d2.worse) == ("Wilcoxon", 90, 30)
+    assert d2.p_value == pytest.approx(stats.wilcoxon(better, before, alternative="greater").pvalue)
+
+
+def test_per_item_values_that_do_not_give_the_gated_value_fall_back_to_the_margin_rule(cfg):
+    v1 = _version(cfg, "policy-llava")
+    d = gate.decide(cfg, v1, 0.6, "accuracy", 0.0, baseline=("world:policy", 0.5), alpha=0.05,
+                    items=([1.0, 0.0], [1.0, 0.0]))
+    assert d.promoted and d.p_value is None and "paired test not run" in d.reason and "average" in d.reason
 
 
 
@@ -132,7 +175,7 @@ def test_a_challenger_a_little_better_but_not_significantly_is_refused_with_the_
     d = _judge_gate(cfg, v1, value, where, baseline=("world:judge", base_value, base))
     p = stats.binomtest(21, 39, 0.5, alternative="greater").pvalue
     assert not d.promoted and gate.champion_of(cfg, "judge") is None
-    assert (d.mcnemar_b, d.mcnemar_c, d.alpha) == (21, 18, 0.05) and d.p_value == pytest.approx(p)
+    assert (d.test, d.better, d.worse, d.alpha) == ("McNemar", 21, 18, 0.05) and d.p_value == pytest.approx(p)
     assert "McNemar b=21 c=18 p=0.37 ≥ alpha 0.05: champion stays" in d.reason
     assert d.to_dict()["p_value"] == d.p_value
     assert registry.get_version(cfg, v1).tags["flywheel.gate.decision"].startswith("refused")
@@ -149,12 +192,12 @@ def test_a_clearly_better_challenger_is_promoted_then_tested_against_as_champion
     v1 = _version(cfg)
     d1 = _judge_gate(cfg, v1, value1, where1, baseline=("world:judge", base_value, base))
     assert d1.promoted and gate.champion_of(cfg, "judge") == v1
-    assert (d1.mcnemar_b, d1.mcnemar_c) == (30, 5) and d1.p_value < 0.001 and "< alpha 0.05" in d1.reason
+    assert (d1.better, d1.worse) == (30, 5) and d1.p_value < 0.001 and "< alpha 0.05" in d1.reason
     # the next challenger meets v1, the registered champion, through the meta-eval v1's version records
     better = {k: ok or i in range(150, 153) for i, (k, ok) in enumerate(mine.items())}  # 3 more right: noise
     where2, value2 = _meta_eval(tmp_path, "me-2", uri, better)
     d2 = _judge_gate(cfg, _version(cfg), value2, where2)
-    assert d2.champion == v1 and (d2.mcnemar_b, d2.mcnemar_c) == (3, 0) and not d2.promoted
+    assert d2.champion == v1 and (d2.better, d2.worse) == (3, 0) and not d2.promoted
     assert gate.champion_of(cfg, "judge") == v1
 
 
@@ -193,8 +236,8 @@ def test_a_champion_without_its_outcomes_falls_back_to_the_margin_rule(cfg, gold
     mine = dict(zip(ids2, mine.values()))
     where2, value2 = _meta_eval(tmp_path, "me-2", uri, mine)
     d = _judge_gate(cfg, _version(cfg), value2, where2)
-    assert d.promoted and d.p_value is None and d.mcnemar_b is None and d.alpha == 0.05
-    assert "McNemar not run" in d.reason and why in d.reason and "margin rule" in d.reason
+    assert d.promoted and d.p_value is None and d.better is None and d.alpha == 0.05
+    assert "paired test not run" in d.reason and why in d.reason and "margin rule" in d.reason
 
 
 def test_mcnemar_counts_only_pairs_both_judges_were_scored_on():

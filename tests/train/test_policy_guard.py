@@ -109,8 +109,8 @@ def test_two_methods_side_by_side_the_unrefused_one_is_gated_and_the_comparison_
     assert "heldout.best_step" not in sft.final  # blind: compared by the downstream metric instead
     c = make_cfg("gate.eval_items=10")
     outcomes = [outcome_of("dpo", res.model_uri, res.final),
-                outcome_of("bon_sft", sft.model_uri, sft.final, evaluate_policy_ref(c, sft.model_uri)["accuracy"],
-                           "accuracy")]
+                outcome_of("bon_sft", sft.model_uri, sft.final,
+                           evaluate_policy_ref(c, sft.model_uri).metrics["accuracy"], "accuracy")]
     result = IterationResult(0, "test")
     mlflow.set_tracking_uri(c.tracking.uri)
     with mlflow.start_run(experiment_id=MlflowClient(c.tracking.uri).get_experiment_by_name(

@@ -2,7 +2,8 @@
 
 from flywheel.engines.base import ImageResult, TextResult
 from flywheel.worlds.shapes.config import ShapesWorldConfig
-from flywheel.worlds.shapes.policy_eval import evaluate_generator, evaluate_text_policy, generator_items, text_items
+from flywheel.worlds.shapes.policy_eval import (evaluate_generator, evaluate_generator_items, evaluate_text_policy,
+                                                evaluate_text_policy_items, generator_items, text_items)
 from flywheel.worlds.shapes.render import render
 from flywheel.worlds.shapes.scene import Scene, describe
 from flywheel.worlds.shapes.spec import scene_for_spec
@@ -59,3 +60,14 @@ def test_generator_scores_follow_the_checker():
     blank = evaluate_generator(ScriptedImages(6, False), WORLD, n=6)
     assert good["score10"] > 9.5 and blank["score10"] < 2
     assert set(good) >= {"score10/single", "score10/binding", "score10/relation", "dim/relationship"}
+
+
+def test_per_item_values_are_what_the_gated_metrics_average_in_item_order():
+    # the gate's paired test compares two models item by item: item i must be the same question for both
+    metrics, per_item = evaluate_text_policy_items(ScriptedText(40, True), WORLD, n=40)
+    right = per_item["accuracy"]
+    assert len(right) == 40 and sum(right) / 40 == metrics["accuracy"]
+    kinds = [meta["type"] for _, _, _, meta in text_items(WORLD, 40, 0)]
+    assert [k for k, r in zip(kinds, right) if r == 0.0] == ["caption"] * kinds.count("caption")  # the habit
+    metrics, per_item = evaluate_generator_items(ScriptedImages(6, True), WORLD, n=6)
+    assert len(per_item["score10"]) == 6 and sum(per_item["score10"]) / 6 == metrics["score10"]

@@ -75,28 +75,45 @@ def repetitive(text: str, n: int = 3) -> bool:
 
 def evaluate_text_policy(engine, world: ShapesWorldConfig, n: int = 200, seed: int = 0,
                          stream: int = GATE_STREAM) -> dict[str, float]:
+    return evaluate_text_policy_items(engine, world, n, seed, stream)[0]
+
+
+def evaluate_text_policy_items(engine, world: ShapesWorldConfig, n: int = 200, seed: int = 0,
+                               stream: int = GATE_STREAM) -> tuple[dict[str, float], dict[str, list[float]]]:
+    """(metrics, per-item values of `accuracy` in item order): two policies answering the same items can be
+    compared item by item (the gate's paired test)."""
     items = text_items(world, n, seed, stream)
-    return score_text_answers(items, engine.generate(text_requests(items, world), seed=seed))
+    results = engine.generate(text_requests(items, world), seed=seed)
+    right = text_item_scores(items, results)
+    return score_text_answers(items, results, right), {"accuracy": right}
 
 
-def score_text_answers(items: list, results: list) -> dict[str, float]:
-    """Oracle measures of the answers (engine results, in item order) to `items`."""
+def text_item_scores(items: list, results: list) -> list[float]:
+    """Per item, in item order: 1.0 if the answer is right (a caption: exactly, nothing extra), else 0.0 (an
+    unreadable answer too). `accuracy` is their mean."""
+    out = []
+    for (_, scene, _, q), res in zip(items, results, strict=True):
+        check = _check(q, res.text or "", scene)
+        out.append(0.0 if check.unparseable or not res.ok else float(check.correct == 1.0))
+    return out
+
+
+def score_text_answers(items: list, results: list, right: list[float] | None = None) -> dict[str, float]:
+    """Oracle measures of the answers (engine results, in item order) to `items`; `right`: their
+    text_item_scores, if already computed."""
+    right = text_item_scores(items, results) if right is None else right
     by_type: dict[str, list[float]] = defaultdict(list)
     hallucinated, recall, unparseable = [], [], 0
-    for (_, scene, _, q), res in zip(items, results, strict=True):
+    for (_, scene, _, q), res, ok in zip(items, results, right, strict=True):
+        by_type[q["type"]].append(ok)
         check = _check(q, res.text or "", scene)
         if check.unparseable or not res.ok:
             unparseable += 1
-            by_type[q["type"]].append(0.0)
-            continue
-        if q["type"] == "caption":
+        elif q["type"] == "caption":
             hallucinated.append(float(bool(check.detail.get("hallucinated"))))
             recall.append(check.aspects["object_presence"])
-            by_type["caption"].append(float(check.correct == 1.0))  # exact: everything right, nothing extra
-        else:
-            by_type[q["type"]].append(float(check.correct))
     out = {f"accuracy/{t}": float(np.mean(v)) for t, v in sorted(by_type.items())}
-    out["accuracy"] = float(np.mean([x for v in by_type.values() for x in v]))
+    out["accuracy"] = float(np.mean(right))
     out["caption_hallucination_rate"] = float(np.mean(hallucinated)) if hallucinated else float("nan")
     out["caption_recall"] = float(np.mean(recall)) if recall else float("nan")
     out["unparseable_rate"] = unparseable / len(items)
@@ -117,25 +134,39 @@ def generator_items(world: ShapesWorldConfig, n: int, seed: int, kinds: tuple[st
 def evaluate_generator(engine, world: ShapesWorldConfig, n: int = 120, seed: int = 0,
                        kinds: tuple[str, ...] = ("single", "binding", "relation"),
                        stream: int = GATE_IMAGE_STREAM) -> dict[str, float]:
+    return evaluate_generator_items(engine, world, n, seed, kinds, stream)[0]
+
+
+def evaluate_generator_items(engine, world: ShapesWorldConfig, n: int = 120, seed: int = 0,
+                             kinds: tuple[str, ...] = ("single", "binding", "relation"),
+                             stream: int = GATE_IMAGE_STREAM) -> tuple[dict[str, float], dict[str, list[float]]]:
+    """(metrics, per-prompt `score10` in prompt order), for the gate's paired test."""
     specs = generator_items(world, n, seed, kinds, stream)
-    return score_images(specs, kinds, engine.generate(image_requests(specs, seed)), world)
+    scores: list[float] = []
+    metrics = score_images(specs, kinds, engine.generate(image_requests(specs, seed)), world, scores)
+    return metrics, {"score10": scores}
 
 
 def image_requests(specs: list, seed: int) -> list[ImageRequest]:
     return [ImageRequest(describe_spec(s), seed=seed * 100_003 + i) for i, s in enumerate(specs)]
 
 
-def score_images(specs: list, kinds: tuple[str, ...], results: list, world: ShapesWorldConfig) -> dict[str, float]:
-    """Oracle measures of generated images (engine results, in spec order)."""
+def score_images(specs: list, kinds: tuple[str, ...], results: list, world: ShapesWorldConfig,
+                 scores: list[float] | None = None) -> dict[str, float]:
+    """Oracle measures of generated images (engine results, in spec order); each image's 0-10 score (0: not
+    generated) is appended to `scores` if given."""
     per_kind: dict[str, list[float]] = defaultdict(list)
     dims: dict[str, list[float]] = defaultdict(list)
+    scores = [] if scores is None else scores
     for i, (spec, res) in enumerate(zip(specs, results, strict=True)):
         if not res.ok:
             per_kind[kinds[i % len(kinds)]].append(0.0)
+            scores.append(0.0)
             continue
         image = res.image if isinstance(res.image, Image.Image) else Image.open(io.BytesIO(res.image))
         check = check_image(image, spec, world)
         per_kind[kinds[i % len(kinds)]].append(check.score_10)
+        scores.append(check.score_10)
         dims["appearance"].append(check.appearance)
         dims["intrinsic"].append(check.intrinsic)
         if check.relationship is not None:
