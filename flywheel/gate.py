@@ -238,7 +238,7 @@ def decide(cfg: Config, challenger: str, challenger_value: float, metric: str, m
     name, b, c, p = test if test is not None else (None, None, None, None)
     d = Decision(mv.name, challenger, champ_ref, metric, float(challenger_value), float(champ_value), margin,
                  promoted, reason, alpha, name, b, c, p)
-    _settle(cfg, mv, d)
+    _settle(cfg, mv, d, ("promoted: " if promoted else "refused: ") + reason)
     log.info("gate %s: %s %s (%s)", mv.name, challenger, "promoted" if promoted else "not promoted", reason)
     return d
 
@@ -251,7 +251,7 @@ def refuse(cfg: Config, challenger: str, metric: str, reason: str) -> Decision:
         return earlier
     d = Decision(mv.name, challenger, champion_of(cfg, mv.name), metric, math.nan, math.nan, 0.0, False,
                  f"refused by its training: {reason}")
-    _settle(cfg, mv, d)
+    _settle(cfg, mv, d, d.reason)
     log.info("gate %s: %s refused by its training (%s)", mv.name, challenger, reason)
     return d
 
@@ -274,12 +274,12 @@ def _decided(cfg: Config, mv, challenger: str) -> Decision | None:
     return d
 
 
-def _settle(cfg: Config, mv, d: Decision) -> None:
-    """Record the decision on the version (first, so a resumed run finds it), then move the alias."""
+def _settle(cfg: Config, mv, d: Decision, said: str) -> None:
+    """Record the decision on the version (first, so a resumed run finds it) with `said` as its human-readable
+    tag, then move the alias."""
     client = registry.client(cfg)
     record = d.to_dict() | {"reason": d.reason[:3000]}  # MLflow caps a tag value at 5,000 characters
     client.set_model_version_tag(mv.name, mv.version, RECORD_TAG, json.dumps(record, allow_nan=True))
-    client.set_model_version_tag(mv.name, mv.version, "flywheel.gate.decision",
-                                 (("promoted: " if d.promoted else "refused: ") + d.reason)[:4900])
+    client.set_model_version_tag(mv.name, mv.version, "flywheel.gate.decision", said[:4900])
     if d.promoted:
         client.set_registered_model_alias(mv.name, CHAMPION, mv.version)

@@ -95,7 +95,7 @@ def test_a_guarded_drop_refuses_promotion_without_reaching_the_gate(collapsed):
     assert math.isnan(d["challenger_value"]) and "policy" not in result.downstream
     assert gate.champion_of(cfg, "policy-llava") is None
     tag = registry.get_version(cfg, res.model_uri).tags["flywheel.gate.decision"]
-    assert tag.startswith("refused by its training: guard")
+    assert tag.startswith("refused by its training: guard"), tag
 
 
 def test_two_methods_side_by_side_the_unrefused_one_is_gated_and_the_comparison_logged(collapsed, make_cfg,
