@@ -83,35 +83,31 @@ def evaluate_text_policy_items(engine, world: ShapesWorldConfig, n: int = 200, s
     """(metrics, per-item values of `accuracy` in item order): two policies answering the same items can be
     compared item by item (the gate's paired test)."""
     items = text_items(world, n, seed, stream)
-    results = engine.generate(text_requests(items, world), seed=seed)
-    right = text_item_scores(items, results)
-    return score_text_answers(items, results, right), {"accuracy": right}
+    metrics, right = score_text_items(items, engine.generate(text_requests(items, world), seed=seed))
+    return metrics, {"accuracy": right}
 
 
-def text_item_scores(items: list, results: list) -> list[float]:
-    """Per item, in item order: 1.0 if the answer is right (a caption: exactly, nothing extra), else 0.0 (an
-    unreadable answer too). `accuracy` is their mean."""
-    out = []
-    for (_, scene, _, q), res in zip(items, results, strict=True):
-        check = _check(q, res.text or "", scene)
-        out.append(0.0 if check.unparseable or not res.ok else float(check.correct == 1.0))
-    return out
+def score_text_answers(items: list, results: list) -> dict[str, float]:
+    """Oracle measures of the answers (engine results, in item order) to `items`."""
+    return score_text_items(items, results)[0]
 
 
-def score_text_answers(items: list, results: list, right: list[float] | None = None) -> dict[str, float]:
-    """Oracle measures of the answers (engine results, in item order) to `items`; `right`: their
-    text_item_scores, if already computed."""
-    right = text_item_scores(items, results) if right is None else right
+def score_text_items(items: list, results: list) -> tuple[dict[str, float], list[float]]:
+    """(score_text_answers' measures, per item in item order 1.0 if the answer is right - a caption: exactly,
+    nothing extra - else 0.0, an unreadable answer too): `accuracy` is the mean of the per-item values."""
     by_type: dict[str, list[float]] = defaultdict(list)
-    hallucinated, recall, unparseable = [], [], 0
-    for (_, scene, _, q), res, ok in zip(items, results, right, strict=True):
-        by_type[q["type"]].append(ok)
+    right, hallucinated, recall, unparseable = [], [], [], 0
+    for (_, scene, _, q), res in zip(items, results, strict=True):
         check = _check(q, res.text or "", scene)
         if check.unparseable or not res.ok:
             unparseable += 1
-        elif q["type"] == "caption":
-            hallucinated.append(float(bool(check.detail.get("hallucinated"))))
-            recall.append(check.aspects["object_presence"])
+            right.append(0.0)
+        else:
+            right.append(float(check.correct == 1.0))
+            if q["type"] == "caption":
+                hallucinated.append(float(bool(check.detail.get("hallucinated"))))
+                recall.append(check.aspects["object_presence"])
+        by_type[q["type"]].append(right[-1])
     out = {f"accuracy/{t}": float(np.mean(v)) for t, v in sorted(by_type.items())}
     out["accuracy"] = float(np.mean(right))
     out["caption_hallucination_rate"] = float(np.mean(hallucinated)) if hallucinated else float("nan")
@@ -121,7 +117,7 @@ def score_text_answers(items: list, results: list, right: list[float] | None = N
     texts = [(r.text or "") if r.ok else "" for r in results]
     out["repetition_rate"] = float(np.mean([repetitive(t) for t in texts]))
     out["mean_words"] = float(np.mean([len(t.split()) for t in texts]))
-    return out
+    return out, right
 
 
 def generator_items(world: ShapesWorldConfig, n: int, seed: int, kinds: tuple[str, ...],
@@ -142,8 +138,7 @@ def evaluate_generator_items(engine, world: ShapesWorldConfig, n: int = 120, see
                              stream: int = GATE_IMAGE_STREAM) -> tuple[dict[str, float], dict[str, list[float]]]:
     """(metrics, per-prompt `score10` in prompt order), for the gate's paired test."""
     specs = generator_items(world, n, seed, kinds, stream)
-    scores: list[float] = []
-    metrics = score_images(specs, kinds, engine.generate(image_requests(specs, seed)), world, scores)
+    metrics, scores = score_image_items(specs, kinds, engine.generate(image_requests(specs, seed)), world)
     return metrics, {"score10": scores}
 
 
@@ -151,13 +146,18 @@ def image_requests(specs: list, seed: int) -> list[ImageRequest]:
     return [ImageRequest(describe_spec(s), seed=seed * 100_003 + i) for i, s in enumerate(specs)]
 
 
-def score_images(specs: list, kinds: tuple[str, ...], results: list, world: ShapesWorldConfig,
-                 scores: list[float] | None = None) -> dict[str, float]:
-    """Oracle measures of generated images (engine results, in spec order); each image's 0-10 score (0: not
-    generated) is appended to `scores` if given."""
+def score_images(specs: list, kinds: tuple[str, ...], results: list, world: ShapesWorldConfig) -> dict[str, float]:
+    """Oracle measures of generated images (engine results, in spec order)."""
+    return score_image_items(specs, kinds, results, world)[0]
+
+
+def score_image_items(specs: list, kinds: tuple[str, ...], results: list,
+                      world: ShapesWorldConfig) -> tuple[dict[str, float], list[float]]:
+    """(score_images' measures, each image's 0-10 score in spec order, 0 when not generated): `score10` is the
+    mean of the per-image scores."""
     per_kind: dict[str, list[float]] = defaultdict(list)
     dims: dict[str, list[float]] = defaultdict(list)
-    scores = [] if scores is None else scores
+    scores: list[float] = []
     for i, (spec, res) in enumerate(zip(specs, results, strict=True)):
         if not res.ok:
             per_kind[kinds[i % len(kinds)]].append(0.0)
@@ -174,7 +174,7 @@ def score_images(specs: list, kinds: tuple[str, ...], results: list, world: Shap
     out = {f"score10/{k}": float(np.mean(v)) for k, v in per_kind.items()}
     out["score10"] = float(np.mean([x for v in per_kind.values() for x in v]))
     out |= {f"dim/{k}": float(np.mean(v)) for k, v in dims.items()}
-    return out
+    return out, scores
 
 
 # ---- the same held-out items as prompt records, so a judge can score the answers (flywheel/train/heldout_probes)
