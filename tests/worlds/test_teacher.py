@@ -88,7 +88,7 @@ def test_gold_agrees_with_the_checkers(prompts):
     j = pt.parse(t.answer(make_context("pointwise", p, [right])))
     assert j.rating == 5
     j = pt.parse(t.answer(make_context("pointwise", p, [wrong])))
-    assert j.rating == 1 and f"says {other}, but the {q['shape']} is {q['answer']}" in j.analysis
+    assert j.rating == 1 and j.analysis == f"The {q['shape']} is {q['answer']}. The answer says {other}, which is wrong."
     for order, shown, winner in (("AB", [wrong, right], "B"), ("BA", [right, wrong], "A")):
         v = pw.parse(t.answer(make_context("pairwise", p, shown, order=order)))
         assert v.verdict == winner and "Response" in v.analysis
@@ -152,7 +152,25 @@ def test_wrong_analysis_is_a_consistent_misperception(prompts):
     right = {"candidate_id": "r", "output_text": p["reference_text"]}
     t = OracleTeacher(TeacherConfig(error_rate=1.0, error_kinds={"wrong_analysis": 1.0}), WORLD)
     j = pt.parse(t.answer(make_context("pointwise", p, [right])))
-    assert j.rating < 5 and ", but the" in j.analysis  # says the right answer is wrong, and rates it down
+    q = json.loads(p["meta"])["question"]
+    assert j.rating < 5 and f"The answer says {q['answer']}, which is wrong." in j.analysis  # rated down
+    assert f"The {q['shape']} is {q['answer']}." not in j.analysis  # and it misperceived the colour to say so
+
+
+def test_an_analysis_states_the_evidence_before_the_verdict(prompts):
+    """A student judge writes left to right: the verdict must follow what it is based on (what the image holds),
+    not precede it."""
+    t = OracleTeacher(TeacherConfig(error_rate=0.0), WORLD)
+    for sub in ("iu_color", "iu_count", "iu_existence"):
+        p = _qa(prompts, sub)
+        for text in (p["reference_text"], "Hard to say."):
+            a = pt.parse(t.answer(make_context("pointwise", p, [{"candidate_id": "c", "output_text": text}]))).analysis
+            verdict = a.index(", which is")
+            assert a.index("The answer") < verdict and a.index(". The answer") > 0, (sub, a)
+    cap = next(p for p in prompts if p["subtask"] == "iu_caption")
+    a = pt.parse(t.answer(make_context("pointwise", cap, [{"candidate_id": "c", "output_text": "A red circle."}])))
+    scene = Scene.from_json(json.loads(cap["meta"])["scene"])
+    assert a.analysis.startswith("The image shows ") and all(o.shape in a.analysis.split(".")[0] for o in scene.objects)
 
 
 def test_no_usable_context_is_a_per_item_error(cfg, prompts):

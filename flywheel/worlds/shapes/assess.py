@@ -31,7 +31,7 @@ from flywheel.worlds.shapes.check_image import ImageCheck, check_image, detected
 from flywheel.worlds.shapes.check_text import (TextCheck, check_caption, check_colour_answer, check_count_answer,
                                                check_existence_answer, check_relation_answer)
 from flywheel.worlds.shapes.config import ShapesWorldConfig
-from flywheel.worlds.shapes.scene import Scene, describe, relation_between
+from flywheel.worlds.shapes.scene import Scene, describe, join_words, relation_between
 from flywheel.worlds.shapes.segment import Detection
 from flywheel.worlds.shapes.spec import DrawSpec
 from flywheel.worlds.shapes.text_parse import (COLOUR_WORDS, GENERIC_NOUNS, NO, NUMBERS, SHAPE_WORDS, SKIP_ADJ, YES,
@@ -96,7 +96,7 @@ class Assessment:
     aspects: dict[str, float]
     rating: int
     lead: str | None = None  # a neutral description of the output (images: what the render shows)
-    all_ok: str = "It is correct."
+    all_ok: str | None = "It is correct."  # said when nothing is wrong (None: the key finding already says so)
     score10: int | None = None
     facts: tuple[float, float] = (0.0, 0.0)  # (right, total)
     quality: float | None = None
@@ -113,7 +113,7 @@ class Assessment:
             more = len(said) - MAX_STATEMENTS + 1
             said = said[:MAX_STATEMENTS - 1] + [f"It has {more} more errors."]
         shown += said
-        if not any(not f.ok for f in fs):
+        if self.all_ok and not any(not f.ok for f in fs):
             shown.append(self.all_ok)
         return " ".join(shown)
 
@@ -292,8 +292,8 @@ def assess_answer(text: str, scene: Scene, q: dict, where: str) -> Assessment:
         missing = {"colour": "a colour", "count": "a number", "existence": "a yes or no",
                    "relation": "a yes or no or a relation"}[kind]
         truth_text = _truth_sentence(kind, q, scene, where)
-        f = F(f"The answer does not give {missing}; {truth_text}.", f"The answer gives the right answer: {truth_text}.",
-              False, tags + ("answer_format",), key=True)
+        f = F(f"{_cap(truth_text)}. The answer does not give {missing}, which is wrong.",
+              f"{_cap(truth_text)}. The answer gives it, which is right.", False, tags + ("answer_format",), key=True)
         aspects = {content: 0.0, "answer_correctness": 0.0, "answer_format": 0.0}
         if kind == "existence":
             aspects["object_hallucination"] = 1.0
@@ -301,34 +301,33 @@ def assess_answer(text: str, scene: Scene, q: dict, where: str) -> Assessment:
 
     right = chk.correct == 1.0
     said = chk.parsed
+    # The evidence comes first and the verdict after it ("The circle is red. The answer says green, which is
+    # wrong."): a student judge writes its analysis left to right, so a verdict stated before the evidence must be
+    # guessed. Measured: a judge taught "The answer says green, but the circle is red." picked "and"/"but" by the
+    # prompt, not the answer (its ratings of one prompt's answers all within 0.1), and ordered 0.64 of gold pairs.
     if kind == "colour":
         shape, truth = q["shape"], q["answer"]
-        lie = truth if not right else _other_colour(said)
-        f = F(f"The answer says {said}, {'and' if right else 'but'} the {shape} is {truth}.",
-              f"The answer says {said}, {'but' if right else 'and'} the {shape} is {lie}.", right, tags, key=True)
+        lie = said if not right else _other_colour(said)
+        f = _verdict(f"The {shape} is {truth}.", f"The {shape} is {lie}.", f"The answer says {said}", right, tags)
     elif kind == "count":
         n, truth = said, q["answer"]
         things = lambda k: _things(q.get("colour"), q["shape"], k)  # noqa: E731
         lie = n if not right else n + 1
-        f = F(f"The answer says {number_word(n)}, {'and' if right else 'but'} there {_are(truth)} "
-              f"{number_word(truth)} {things(truth)}.",
-              f"The answer says {number_word(n)}, {'but' if right else 'and'} there {_are(lie)} "
-              f"{number_word(lie)} {things(lie)}.", right, tags, key=True)
+        f = _verdict(f"There {_are(truth)} {number_word(truth)} {things(truth)}.",
+                     f"There {_are(lie)} {number_word(lie)} {things(lie)}.",
+                     f"The answer says {number_word(n)}", right, tags)
     elif kind == "existence":
         npn = np_(q["colour"], q["shape"])
-        yes = "yes" if said else "no"
-        there = f"there is {npn} in the {where}"
-        not_there = f"there is no {q['colour']} {q['shape']} in the {where}"
+        there = f"There is {npn} in the {where}."
+        not_there = f"There is no {q['colour']} {q['shape']} in the {where}."
         truth, lie = (there, not_there) if q["answer"] else (not_there, there)
-        f = F(f"The answer says {yes}, {'and' if right else 'but'} {truth}.",
-              f"The answer says {yes}, {'but' if right else 'and'} {lie}.", right,
-              tags + (("object_hallucination",) if said and not q["answer"] else ()), key=True)
+        f = _verdict(truth, lie, f"The answer says {'yes' if said else 'no'}", right,
+                     tags + (("object_hallucination",) if said and not q["answer"] else ()))
     else:
-        truth = f"the {_relation_truth(q, scene)}"
-        lie = f"the {_relation_truth(q, scene, lie=True)}"
+        truth = _cap(_relation_truth(q, scene)) + "."
+        lie = _cap(_relation_truth(q, scene, lie=True)) + "."
         says = f"says {'yes' if said else 'no'}" if isinstance(said, bool) else "states a relation"
-        f = F(f"The answer {says}, {'and' if right else 'but'} {truth}.",
-              f"The answer {says}, {'but' if right else 'and'} {lie}.", right, tags, key=True)
+        f = _verdict(truth, lie, f"The answer {says}", right, tags)
     fs = [f]
     fmt = chk.aspects.get("answer_format", 1.0)
     fs.append(F("It gives the short answer asked for.", "It is longer than the short answer asked for.",
@@ -341,6 +340,17 @@ def assess_answer(text: str, scene: Scene, q: dict, where: str) -> Assessment:
         rating = 2 if kind == "count" and abs(said - q["answer"]) == 1 else 1
     aspects = dict(chk.aspects)
     return _qa_assessment(text, fs, aspects, rating, readable=True, check=chk)
+
+
+def _verdict(truth: str, lie: str, claim: str, right: bool, tags: tuple[str, ...]) -> Finding:
+    """A QA answer's key finding: what holds, then what the answer says and whether that is right. Its false
+    counterpart (a misperceiving annotator) states the lie and the opposite verdict."""
+    said = lambda fact, ok: f"{fact} {claim}, which is {'right' if ok else 'wrong'}."  # noqa: E731
+    return Finding(said(truth, right), said(lie, not right), right, tags, key=True)
+
+
+def _cap(s: str) -> str:
+    return s[:1].upper() + s[1:]
 
 
 def _relation_truth(q: dict, scene: Scene, lie: bool = False) -> str:
@@ -368,7 +378,7 @@ def _qa_assessment(text: str, fs: list[Finding], aspects: dict, rating: int, rea
                    check: TextCheck) -> Assessment:
     uni, ufs = text_universal(text, readable)
     right = 1.0 if rating >= 4 else 0.0
-    return Assessment("text", fs + ufs, {**uni, **aspects}, rating, all_ok="The answer is right.",
+    return Assessment("text", fs + ufs, {**uni, **aspects}, rating, all_ok=None,
                       facts=(right, 1.0), text=TextFacts(text, check, readable))
 
 
@@ -453,6 +463,11 @@ def caption_findings(text: str, scene: Scene, where: str, subject: str = "It",
     return fs, aspects, (right, max(total, 1.0)), chk
 
 
+def _left_to_right(scene: Scene) -> list[tuple[tuple[str, str], int]]:
+    """(colour, shape) groups and their counts, in the order of their leftmost object."""
+    return list(Counter((o.colour, o.shape) for o in sorted(scene.objects, key=lambda o: (o.x, o.y))).items())
+
+
 def _plain(m) -> str:
     c, s = m
     return f"{c + ' ' if c else ''}{s or 'shape'}"
@@ -465,7 +480,9 @@ def assess_caption(text: str, scene: Scene, where: str, reference: str | None) -
         expect = not ref.unparseable and bool(ref.detail.get("relations"))
     fs, aspects, (right, total), chk = caption_findings(text, scene, where, expect_relations=expect)
     uni, ufs = text_universal(text, not chk.unparseable)
-    return Assessment("text", fs + ufs, {**uni, **aspects}, rating_of(right / total),
+    # what the image holds comes first, so a student judge compares the text with facts it has already written
+    lead = f"The {where} shows {join_words([np_(c, sh, count=n) for (c, sh), n in _left_to_right(scene)])}."
+    return Assessment("text", fs + ufs, {**uni, **aspects}, rating_of(right / total), lead=lead,
                       all_ok="It describes every shape correctly.", facts=(right, total),
                       text=TextFacts(text, chk, not chk.unparseable))
 
