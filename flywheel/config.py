@@ -483,6 +483,11 @@ class PromptsConfig(_Strict):
 class CandidatesConfig(_Strict):
     samples_per_prompt: int = Field(4, ge=1, description="N: candidates sampled per prompt.")
     batch_size: int = Field(16, ge=1, description="Prompts per Ray Data batch (each yields N candidates).")
+    seeded_variants: int = Field(
+        0, ge=0, description="Besides the N policy samples, this many outputs per oracle-world prompt drawn "
+        "(seeded) from the world's variant maker (correct, near-miss, wrong, unreadable, ... as in the gold "
+        "sets): responses from more than one producer, as Minos drew its training responses from many MLLMs "
+        "(VLFeedback). A prompt without oracle ground truth gets none. 0: policy samples only.")
     itig_describe_prompt: str = Field(
         "Describe the image.", description="What the text policy is asked about its own drawing for ITIG prompts "
         "whose meta names no describe_prompt.")

@@ -56,6 +56,7 @@ def make_preferences(start: Config, cfg: Config, p: dict[str, str], n: int, trac
     res.models["preference_judge"] = judge
     sampling = start.model_copy(deep=True)
     sampling.candidates.samples_per_prompt = cfg.preferences.samples_per_prompt
+    sampling.candidates.seeded_variants = 0  # DPO pairs are the policies' own samples, never the world's variants
     with stage("preference-prompts"):
         prompts.run_fresh(sampling, p["pref-prompts"], seed=cfg.run.seed * 1000 + 500 + n, tracker=tracker)
     with stage("preference-candidates"):

@@ -31,6 +31,7 @@ def pcfg(cfg, zoo, tmp_path):
     return load_config(None, [f"run.workdir={tmp_path}", f"models.judge.path={zoo['judge']}",
                               f"models.policy.path={zoo['policy']}", f"models.generator.path={zoo['generator']}",
                               "preferences.prompts_per_subtask=1", "preferences.samples_per_prompt=2",
+                              "candidates.seeded_variants=2",  # the judge's training candidates only
                               "preferences.subtasks=[iu_color, ig_single_object]", "policy.generation.max_new_tokens=6",
                               "generator.generation.num_inference_steps=2", "judge.generation.max_new_tokens=8",
                               f"serve.port={_port()}", "serve.host=127.0.0.1", "resources.serve.num_cpus=0.5",
@@ -85,6 +86,7 @@ def test_candidates_are_judged_through_serve_by_the_champion(pcfg, zoo):
     cands = read_rows(p["pref-candidates"])
     labels = read_rows(p["pref-labels"])
     assert len(cands) == 4 and len(labels) == len(cands)  # every candidate judged once, through HTTP
+    assert not any(c["producer"].startswith("gold:") for c in cands)  # the policies' own samples, no variants
     assert all(j["judge"].startswith("http:") for j in labels)
     assert all(j["judge"].endswith("@" + version) for j in labels), labels[0]["judge"]  # lineage: the served version
     assert all(j["parse_error"] and j["score"] is None and j["raw_output"] is not None for j in labels)

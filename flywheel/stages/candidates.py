@@ -12,9 +12,13 @@ import io
 import json
 from typing import Any
 
+import numpy as np
+
 from flywheel.config import Config
 from flywheel.engines import ImageRequest, TextRequest, make_image_engine, make_text_engine
 from flywheel.stages.runner import CoreOutput, StageResult, run_stage
+from flywheel.worlds.shapes.assess import NoGroundTruth
+from flywheel.worlds.shapes.gold import gold_candidates
 
 TEXT_TASKS, IMAGE_TASKS = ("nlg", "iu"), ("ig",)
 
@@ -100,7 +104,23 @@ class CandidatesCore:
             out.rows.append({"prompt_id": p["prompt_id"], "producer": "+".join(producers), "output_text": text,
                              "output_images": [image] if image is not None else [], "sample_index": k,
                              "meta": None})
+        out.rows += self._seeded_variants(prompts)
         return out
+
+    def _seeded_variants(self, prompts: list[dict]) -> list[dict]:
+        """candidates.seeded_variants outputs per prompt from the world's variant maker, drawn per prompt id (the
+        same however prompts are batched), numbered after the policy samples."""
+        want, n, seed = self.cfg.candidates.seeded_variants, self.cfg.candidates.samples_per_prompt, self.cfg.run.seed
+        rows = []
+        for p in prompts if want else []:
+            try:
+                made = gold_candidates(p, self.cfg.world.gold, self.cfg.world.shapes, seed)
+            except NoGroundTruth:
+                continue  # a prompt from outside the oracle world: its candidates are the policy's alone
+            rng = np.random.default_rng(_seed(p["prompt_id"], -1, seed))
+            for k, j in enumerate(sorted(rng.choice(len(made), size=min(want, len(made)), replace=False))):
+                rows.append({**made[j], "sample_index": n + k})
+        return rows
 
     @staticmethod
     def _reject(out: CoreOutput, slot, reason: str) -> None:
