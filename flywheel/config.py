@@ -16,7 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from flywheel.curate.config import CurateConfig
-from flywheel.evaluate.metric_names import PER_PAIR, per_pair_accuracy, split_of
+from flywheel.evaluate.metric_names import PER_PAIR, per_pair_accuracy, protocol_of, split_of
 from flywheel.records import RecordLimits
 from flywheel.worlds.shapes.policy_config import BasePoliciesConfig
 from flywheel.worlds.shapes.config import ShapesWorldConfig
@@ -668,7 +668,7 @@ class Config(_Strict):
         # a gate on a protocol meta-eval never asks would compare NaNs and never promote
         metric = self.gate.judge_metric
         asked = self.meta_eval.protocols
-        needs = "pairwise" if "/pairwise/" in metric else "pointwise" if "/pointwise" in metric else None
+        needs = protocol_of(metric)
         if needs and needs not in asked:
             raise ValueError(f"gate.judge_metric {metric!r} needs the {needs} protocol in meta_eval.protocols "
                              f"(it is {asked})")

@@ -15,6 +15,17 @@ def split_of(metric: str) -> tuple[str, str]:
     return split, name
 
 
+# The judge protocol whose outputs a metric is computed from (ranking accuracy orders pairs by pointwise ratings).
+SOURCE_PROTOCOL = {"pairwise": "pairwise", "pointwise": "pointwise", "pointwise_ranking": "pointwise"}
+
+
+def protocol_of(metric: str) -> str | None:
+    """The protocol meta-eval must ask for `metric` to exist (`.../<protocol>/<measure>`), or None if it names
+    none (e.g. a generalization count)."""
+    parts = metric.split("/")
+    return SOURCE_PROTOCOL.get(parts[-2]) if len(parts) >= 2 else None
+
+
 def per_pair_accuracy(name: str) -> tuple[str, str] | None:
     """(slice, protocol) of a split's per-pair accuracy `<slice>/<protocol>/accuracy` (no split prefix: the names
     score_split returns), or None for any other metric."""

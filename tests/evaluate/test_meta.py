@@ -70,6 +70,10 @@ def test_a_pairwise_only_meta_eval_skips_the_pointwise_perturbation_checks(gold_
 def test_a_gate_metric_meta_eval_never_measures_is_refused():
     with pytest.raises(Exception, match="meta_eval.protocols"):
         load_config(None, ["meta_eval.protocols=[pointwise]", "gate.judge_metric=id-test/all/pairwise/accuracy"])
+    with pytest.raises(Exception, match="needs the pointwise protocol"):  # ranking orders pairs by pointwise ratings
+        load_config(None, ["meta_eval.protocols=[pairwise]",
+                           "gate.judge_metric=id-test/task/iu/pointwise_ranking/accuracy"])
+    load_config(None, ["meta_eval.protocols=[pairwise]", "gate.judge_metric=id-test/task/iu/pairwise/accuracy"])
 
 
 def test_noisy_teacher_is_measurably_worse(gold_uri):
