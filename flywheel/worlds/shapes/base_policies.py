@@ -17,7 +17,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from flywheel.models.pretrain_generator import pretrain_generator
-from flywheel.models.pretrain_policy import pretrain_policy
+from flywheel.models.pretrain_vlm import pretrain_vlm
 from flywheel.worlds.shapes.config import ShapesWorldConfig
 from flywheel.worlds.shapes.policy_config import BasePoliciesConfig
 from flywheel.worlds.shapes.policy_data import generator_examples, llava_examples, perception_examples
@@ -62,7 +62,7 @@ def build_base_policy(zoo_policy: Path, root: Path, world: ShapesWorldConfig, cf
     out = policy_dir(zoo_policy, root, world, cfg, seed)
     examples = llava_examples(world, cfg.faults)
     log.info("base policy: LLaVA SFT → %s", out)
-    return _build(out, lambda tmp: pretrain_policy(zoo_policy, tmp, examples, cfg.policy, seed))
+    return _build(out, lambda tmp: pretrain_vlm(zoo_policy, tmp, examples, cfg.policy, seed))
 
 
 def build_base_generator(zoo_generator: Path, root: Path, world: ShapesWorldConfig, cfg: BasePoliciesConfig,
@@ -86,7 +86,7 @@ def build_base_judge(zoo_judge: Path, root: Path, world: ShapesWorldConfig, cfg:
         from flywheel.engines.hf import HFTextEngine
         from flywheel.worlds.shapes.policy_eval import evaluate_text_policy
 
-        stats = pretrain_policy(zoo_judge, tmp, examples, cfg.judge.pretrain, seed)
+        stats = pretrain_vlm(zoo_judge, tmp, examples, cfg.judge.pretrain, seed)
         # How well it sees, on held-out renders (the policies' question types): its starting point as a number.
         engine = HFTextEngine(str(tmp), GenerationConfig(max_new_tokens=64, temperature=0.0, batch_size=16))
         seen = evaluate_text_policy(engine, world, n=cfg.eval_items, seed=seed)

@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 Examples = Callable[[np.random.Generator, int], list[dict]]  # TRL rows: images, prompt, completion
 
 
-def pretrain_policy(base: str | Path, out: str | Path, examples: Examples, cfg: PolicyPretrainConfig,
+def pretrain_vlm(base: str | Path, out: str | Path, examples: Examples, cfg: PolicyPretrainConfig,
                     seed: int = 0) -> dict:
     """SFT the random VLM at `base` on `steps * batch_size` fresh examples; save a standard checkpoint."""
     from datasets import Dataset
