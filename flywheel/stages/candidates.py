@@ -111,8 +111,10 @@ class CandidatesCore:
         """candidates.seeded_variants outputs per prompt from the world's variant maker, drawn per prompt id (the
         same however prompts are batched), numbered after the policy samples."""
         want, n, seed = self.cfg.candidates.seeded_variants, self.cfg.candidates.samples_per_prompt, self.cfg.run.seed
-        rows = []
-        for p in prompts if want else []:
+        rows: list[dict] = []
+        if not want:
+            return rows
+        for p in prompts:
             try:
                 made = gold_candidates(p, self.cfg.world.gold, self.cfg.world.shapes, seed)
             except NoGroundTruth:

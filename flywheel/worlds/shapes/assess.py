@@ -31,7 +31,7 @@ from flywheel.worlds.shapes.check_image import ImageCheck, check_image, detected
 from flywheel.worlds.shapes.check_text import (TextCheck, check_caption, check_colour_answer, check_count_answer,
                                                check_existence_answer, check_relation_answer)
 from flywheel.worlds.shapes.config import ShapesWorldConfig
-from flywheel.worlds.shapes.scene import Scene, describe, join_words, relation_between
+from flywheel.worlds.shapes.scene import Scene, cap_first, describe, list_objects, relation_between
 from flywheel.worlds.shapes.segment import Detection
 from flywheel.worlds.shapes.spec import DrawSpec
 from flywheel.worlds.shapes.text_parse import (COLOUR_WORDS, GENERIC_NOUNS, NO, NUMBERS, SHAPE_WORDS, SKIP_ADJ, YES,
@@ -143,10 +143,6 @@ def rating_of(fraction: float, quality: float | None = None) -> int:
 def value_score(v: float) -> int:
     """An aspect value in [0, 1] on the 1-5 scale (round half up)."""
     return 1 + int(np.floor(4 * float(v) + 0.5))
-
-
-def _cap(s: str) -> str:
-    return s[:1].upper() + s[1:]
 
 
 def np_(colour: str | None, shape: str | None, article: str = "a", count: int = 1) -> str:
@@ -292,8 +288,8 @@ def assess_answer(text: str, scene: Scene, q: dict, where: str) -> Assessment:
         missing = {"colour": "a colour", "count": "a number", "existence": "a yes or no",
                    "relation": "a yes or no or a relation"}[kind]
         truth_text = _truth_sentence(kind, q, scene, where)
-        f = F(f"{_cap(truth_text)}. The answer does not give {missing}, which is wrong.",
-              f"{_cap(truth_text)}. The answer gives it, which is right.", False, tags + ("answer_format",), key=True)
+        f = F(f"{cap_first(truth_text)}. The answer does not give {missing}, which is wrong.",
+              f"{cap_first(truth_text)}. The answer gives it, which is right.", False, tags + ("answer_format",), key=True)
         aspects = {content: 0.0, "answer_correctness": 0.0, "answer_format": 0.0}
         if kind == "existence":
             aspects["object_hallucination"] = 1.0
@@ -324,8 +320,8 @@ def assess_answer(text: str, scene: Scene, q: dict, where: str) -> Assessment:
         f = _verdict(truth, lie, f"The answer says {'yes' if said else 'no'}", right,
                      tags + (("object_hallucination",) if said and not q["answer"] else ()))
     else:
-        truth = _cap(_relation_truth(q, scene)) + "."
-        lie = _cap(_relation_truth(q, scene, lie=True)) + "."
+        truth = cap_first(_relation_truth(q, scene)) + "."
+        lie = cap_first(_relation_truth(q, scene, lie=True)) + "."
         says = f"says {'yes' if said else 'no'}" if isinstance(said, bool) else "states a relation"
         f = _verdict(truth, lie, f"The answer {says}", right, tags)
     fs = [f]
@@ -347,10 +343,6 @@ def _verdict(truth: str, lie: str, claim: str, right: bool, tags: tuple[str, ...
     counterpart (a misperceiving annotator) states the lie and the opposite verdict."""
     said = lambda fact, ok: f"{fact} {claim}, which is {'right' if ok else 'wrong'}."  # noqa: E731
     return Finding(said(truth, right), said(lie, not right), right, tags, key=True)
-
-
-def _cap(s: str) -> str:
-    return s[:1].upper() + s[1:]
 
 
 def _relation_truth(q: dict, scene: Scene, lie: bool = False) -> str:
@@ -463,11 +455,6 @@ def caption_findings(text: str, scene: Scene, where: str, subject: str = "It",
     return fs, aspects, (right, max(total, 1.0)), chk
 
 
-def _left_to_right(scene: Scene) -> list[tuple[tuple[str, str], int]]:
-    """(colour, shape) groups and their counts, in the order of their leftmost object."""
-    return list(Counter((o.colour, o.shape) for o in sorted(scene.objects, key=lambda o: (o.x, o.y))).items())
-
-
 def _plain(m) -> str:
     c, s = m
     return f"{c + ' ' if c else ''}{s or 'shape'}"
@@ -481,7 +468,7 @@ def assess_caption(text: str, scene: Scene, where: str, reference: str | None) -
     fs, aspects, (right, total), chk = caption_findings(text, scene, where, expect_relations=expect)
     uni, ufs = text_universal(text, not chk.unparseable)
     # what the image holds comes first, so a student judge compares the text with facts it has already written
-    lead = f"The {where} shows {join_words([np_(c, sh, count=n) for (c, sh), n in _left_to_right(scene)])}."
+    lead = f"The {where} shows {list_objects(scene)}."
     return Assessment("text", fs + ufs, {**uni, **aspects}, rating_of(right / total), lead=lead,
                       all_ok="It describes every shape correctly.", facts=(right, total),
                       text=TextFacts(text, chk, not chk.unparseable))
@@ -599,16 +586,16 @@ def image_findings(fx: ImageFacts) -> tuple[list[Finding], tuple[float, float]]:
         total += 1
         if ok:
             right += 1
-            fs.append(F(f"{_cap(a_)} is {phrase} {b_}, as requested.", f"{_cap(a_)} is not {phrase} {b_}.", True,
+            fs.append(F(f"{cap_first(a_)} is {phrase} {b_}, as requested.", f"{cap_first(a_)} is not {phrase} {b_}.", True,
                         ("spatial_relation",)))
             continue
         oa, ob = chk.objects[r.subject], chk.objects[r.object]
         if oa.found and ob.found:
             actual = _actual_relation(oa.x, oa.y, ob.x, ob.y, r.relation, fx.tolerance)
-            t = f"{_cap(a_)} should be {phrase} {b_} but is {actual}."
+            t = f"{cap_first(a_)} should be {phrase} {b_} but is {actual}."
         else:
-            t = f"{_cap(a_)} cannot be {phrase} {b_}, since one of them is missing."
-        fs.append(F(t, f"{_cap(a_)} is {phrase} {b_}, as requested.", False, ("spatial_relation",)))
+            t = f"{cap_first(a_)} cannot be {phrase} {b_}, since one of them is missing."
+        fs.append(F(t, f"{cap_first(a_)} is {phrase} {b_}, as requested.", False, ("spatial_relation",)))
     return fs, (right, max(total, 1.0))
 
 

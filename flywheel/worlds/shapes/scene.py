@@ -146,7 +146,7 @@ def sample_scene(rng: RngLike, n_objects: tuple[int, int] | int | None = None,
 
 
 # ---- canonical English -------------------------------------------------------------------------------------
-def _cap(s: str) -> str:
+def cap_first(s: str) -> str:
     return s[:1].upper() + s[1:]
 
 
@@ -161,6 +161,13 @@ def _pair_relation(a: Obj, b: Obj, margin: float) -> str | None:
     return rels[0] if rels else None
 
 
+def list_objects(scene: Scene) -> str:
+    """'a purple square and two red circles': the objects grouped by colour and shape, in the order of their
+    leftmost member."""
+    groups = Counter((o.colour, o.shape) for o in sorted(scene.objects, key=lambda o: (o.x, o.y)))
+    return join_words([noun_phrase(n, c, s) for (c, s), n in groups.items()]) if groups else "nothing"
+
+
 def describe(scene: Scene) -> str:
     """Canonical description: objects listed left to right (grouped by colour+shape), plus relations.
 
@@ -173,12 +180,12 @@ def describe(scene: Scene) -> str:
     groups = Counter((o.colour, o.shape) for o in objs)  # insertion order = left-to-right first appearance
     if len(objs) == 2 and len(groups) == 2 and (rel := _pair_relation(*objs, scene.margin)) is not None:
         a, b = objs
-        return _cap(f"{noun_phrase(1, a.colour, a.shape)} {RELATION_PHRASES[rel]} "
+        return cap_first(f"{noun_phrase(1, a.colour, a.shape)} {RELATION_PHRASES[rel]} "
                     f"{noun_phrase(1, b.colour, b.shape)}.")
-    text = _cap(join_words([noun_phrase(n, c, s) for (c, s), n in groups.items()])) + "."
+    text = cap_first(list_objects(scene)) + "."
     if len(objs) > 2 and all(n == 1 for n in groups.values()):
         for a, b in zip(objs, objs[1:]):
             if (rel := _pair_relation(a, b, scene.margin)) is not None:
-                text += " " + _cap(f"{noun_phrase(1, a.colour, a.shape, 'the')} is {RELATION_PHRASES[rel]} "
+                text += " " + cap_first(f"{noun_phrase(1, a.colour, a.shape, 'the')} is {RELATION_PHRASES[rel]} "
                                    f"{noun_phrase(1, b.colour, b.shape, 'the')}.")
     return text
