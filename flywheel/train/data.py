@@ -19,6 +19,10 @@ from flywheel.datasets import Manifest, read_dataset
 
 SAMPLE_ID = "sample_id"
 SAMPLE_IDS = "sample_ids"  # the batch key the collator adds
+LENGTH = "length"  # transformers' length_column_name: what the length-grouped sampler sorts by
+# Every image is many tokens on any VLM (16 on the tiny judge, hundreds on a 7B one), so rows sort by their image
+# count first and their text length second: a sort key, not a token count.
+_IMAGE_WEIGHT = 10_000
 
 
 def _parts(content: Any) -> list[dict]:
@@ -41,7 +45,14 @@ def _features(columns: list[str]):
 
     part = {"type": Value("string"), "text": Value("string")}
     chat = List({"role": Value("string"), "content": List(part)})
-    return Features({SAMPLE_ID: Value("string"), "images": List(Image()), **{c: chat for c in columns}})
+    return Features({SAMPLE_ID: Value("string"), LENGTH: Value("int64"), "images": List(Image()),
+                     **{c: chat for c in columns}})
+
+
+def _length(row: dict, columns: list[str]) -> int:
+    """The row's sort key for length-grouped batches: image count, then characters of text."""
+    chars = sum(len(part["text"] or "") for c in columns for m in row[c] for part in m["content"])
+    return _IMAGE_WEIGHT * len(row["images"]) + chars
 
 
 @dataclass
@@ -98,17 +109,20 @@ def to_hf_dataset(rows: list[dict]):
     from datasets import Dataset
 
     columns = [c for c in ("messages", "prompt", "completion", "chosen", "rejected") if c in rows[0]]
-    return Dataset.from_list(rows, features=_features(columns))
+    return Dataset.from_list([r | {LENGTH: _length(r, columns)} for r in rows], features=_features(columns))
 
 
 class SampleIdCollator:
-    """Wraps a TRL collator: removes `sample_id` from each example and returns the ids as `sample_ids`."""
+    """Wraps a TRL collator: removes `sample_id` (and the length sort key) from each example and returns the ids
+    as `sample_ids`."""
 
     def __init__(self, inner):
         self.inner = inner
 
     def __call__(self, examples: list[dict]) -> dict:
         ids = [e.pop(SAMPLE_ID) for e in examples]
+        for e in examples:
+            e.pop(LENGTH, None)
         batch = self.inner(examples)
         batch[SAMPLE_IDS] = ids
         return batch

@@ -8,6 +8,9 @@ Settings that matter on every machine, and why:
   with long sequences may want it; it is not a knob yet.)
 - `bf16` only on a GPU with a bfloat16 checkpoint; TRL's default bf16=True raises on a CPU box.
 - `remove_unused_columns=False`: keeps the `sample_id` column for the step log (the collator strips it).
+- `train_sampling_strategy="group_by_length"` (train.group_by_length): batches of rows of similar length pad less.
+  The flywheel's trainers draw that order from (seed, epoch), so a resumed run replays the same batches;
+  transformers' own sampler draws it from the global RNG, which resume does not restore at the epoch's start.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from pathlib import Path
 import torch
 from transformers import TrainerCallback
 
-from flywheel.train.data import SAMPLE_IDS, SampleIdCollator
+from flywheel.train.data import LENGTH, SAMPLE_IDS, SampleIdCollator
 from flywheel.train.guards import NonFiniteGuard
 
 log = logging.getLogger(__name__)
@@ -70,17 +73,45 @@ def trl_args(settings, output_dir: str, seed: int, dtype: str = "float32", **ext
         logging_steps=settings.logging_steps, save_strategy="steps", save_steps=settings.save_steps,
         save_total_limit=1, report_to=[], disable_tqdm=True, remove_unused_columns=False,
         dataloader_num_workers=0, max_length=None, gradient_checkpointing=False,
+        train_sampling_strategy="group_by_length" if settings.group_by_length else "random",
+        length_column_name=LENGTH,
         use_cpu=not on_gpu(), bf16=on_gpu() and dtype == "bfloat16", fp16=False,
         **extra,
     )
 
 
+def length_grouped_sampler(batch_size: int, lengths: list[int], seed: int):
+    """transformers' LengthGroupedSampler whose random order comes from (seed, epoch), not the global RNG."""
+    from transformers.trainer_pt_utils import LengthGroupedSampler
+
+    class SeededLengthGroupedSampler(LengthGroupedSampler):
+        epoch = 0
+
+        def set_epoch(self, epoch: int) -> None:  # the trainer calls it at every epoch's start, resumed or not
+            self.epoch = epoch
+
+        def __iter__(self):
+            self.generator = torch.Generator().manual_seed(seed + 1_000_003 * self.epoch)
+            return super().__iter__()
+
+    return SeededLengthGroupedSampler(batch_size, lengths=lengths)
+
+
 def flywheel_trainer(base_cls):
-    """A subclass of a TRL trainer that logs each step's sample ids and feeds the NaN guard."""
+    """A subclass of a TRL trainer that logs each step's sample ids, feeds the NaN guard, and draws its
+    length-grouped batches from the seed."""
 
     class FlywheelTrainer(base_cls):
         _fw_steps = None
         _fw_guard: NonFiniteGuard | None = None
+
+        def _get_train_sampler(self, train_dataset=None):
+            dataset = train_dataset if train_dataset is not None else self.train_dataset
+            if self.args.train_sampling_strategy != "group_by_length" or LENGTH not in dataset.column_names:
+                return super()._get_train_sampler(train_dataset)
+            batch = self.args.train_batch_size * self.args.gradient_accumulation_steps
+            seed = self.args.data_seed if self.args.data_seed is not None else self.args.seed
+            return length_grouped_sampler(batch, dataset[LENGTH], seed)
 
         def training_step(self, model, inputs, num_items_in_batch=None):
             ids = inputs.pop(SAMPLE_IDS, None)
