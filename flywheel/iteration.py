@@ -39,6 +39,24 @@ class IterationResult:
     models: dict[str, str] = field(default_factory=dict)
 
 
+class StageClock:
+    """Seconds each finished stage of one iteration took, kept beside its data: a resumed run skips the stages an
+    earlier (killed) run finished, and reports the time they took then instead of the moment the skip took."""
+
+    def __init__(self, uri: str):
+        self.uri = uri
+        self.done: dict[str, float] = json.loads(storage.read_bytes(uri)) if storage.exists(uri) else {}
+
+    def finished(self, name: str, seconds: float) -> float:
+        """The stage's total over the runs that worked on it, recorded before the next stage starts."""
+        total = self.done.get(name, 0.0) + seconds
+        if name in self.done:
+            log.info("stage %s: finished by an earlier run in %.1f s (%.1f s now)", name, self.done[name], seconds)
+        self.done[name] = total
+        storage.write_bytes(self.uri, json.dumps(self.done, indent=1).encode())
+        return total
+
+
 def paths(cfg: Config, n: int) -> dict[str, str]:
     it = storage.join(cfg.storage.uri, "iterations", f"{n:03d}")
     names = ("prompts", "prompts-train", "candidates", "labels", "curated", "meta-eval", "meta-eval-baseline",
@@ -69,13 +87,15 @@ def run_iteration(cfg: Config, n: int, tracker: Tracker | None = None) -> Iterat
     with tracker.iteration(n) as parent:
         res = IterationResult(n, parent.info.run_id)
 
+        clock = StageClock(storage.join(cfg.storage.uri, "iterations", f"{n:03d}", "stage-seconds.json"))
+
         @contextmanager
         def stage(name: str):
             t0 = time.perf_counter()
             with tracker.stage(name):
                 log.info("iteration %d: stage %s", n, name)
                 yield
-            res.seconds[name] = time.perf_counter() - t0
+            res.seconds[name] = clock.finished(name, time.perf_counter() - t0)
 
         judge0, policy0, generator0 = current(cfg, "judge"), current(cfg, "policy"), current(cfg, "generator")
         res.models = {"judge_start": judge0, "policy_start": policy0, "generator_start": generator0}

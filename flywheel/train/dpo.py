@@ -41,7 +41,8 @@ def loss_terms(settings) -> tuple[list[str], list[float] | None]:
 
 def build_trainer(model, processor, dataset, settings, output_dir: str, seed: int, dtype: str = "float32",
                   callbacks=(), peft_config="from-settings", bare: bool = False):
-    """The DPOTrainer every path uses (Ray worker, benchmark, tests). `bare` gives plain TRL, for comparison."""
+    """The DPOTrainer every path uses (Ray worker, benchmark, tests). `bare` gives plain TRL (with the
+    same batches), for comparison."""
     from trl import DPOConfig, DPOTrainer
 
     if peft_config == "from-settings":
@@ -49,7 +50,7 @@ def build_trainer(model, processor, dataset, settings, output_dir: str, seed: in
     loss_type, loss_weights = loss_terms(settings)
     args = DPOConfig(**hf.trl_args(settings, output_dir, seed, dtype), beta=settings.beta,
                      loss_type=loss_type, loss_weights=loss_weights, precompute_ref_log_probs=False)
-    cls = DPOTrainer if bare else hf.flywheel_trainer(DPOTrainer)
+    cls = hf.length_grouped_trainer(DPOTrainer) if bare else hf.flywheel_trainer(DPOTrainer)
     return cls(model=model, args=args, train_dataset=dataset, processing_class=processor,
                peft_config=peft_config, callbacks=list(callbacks))
 

@@ -9,8 +9,8 @@ Settings that matter on every machine, and why:
 - `bf16` only on a GPU with a bfloat16 checkpoint; TRL's default bf16=True raises on a CPU box.
 - `remove_unused_columns=False`: keeps the `sample_id` column for the step log (the collator strips it).
 - `train_sampling_strategy="group_by_length"` (train.group_by_length): batches of rows of similar length pad less.
-  The flywheel's trainers draw that order from (seed, epoch), so a resumed run replays the same batches;
-  transformers' own sampler draws it from the global RNG, which resume does not restore at the epoch's start.
+  `length_grouped_trainer` draws them from (seed, epoch), so a resumed run replays the same batches (transformers'
+  own sampler draws from the global RNG, which resume does not restore at the epoch's start), and shuffles them.
 """
 
 from __future__ import annotations
@@ -81,8 +81,11 @@ def trl_args(settings, output_dir: str, seed: int, dtype: str = "float32", **ext
 
 
 def length_grouped_sampler(batch_size: int, lengths: list[int], seed: int):
-    """transformers' LengthGroupedSampler whose random order comes from (seed, epoch), not the global RNG."""
-    from transformers.trainer_pt_utils import LengthGroupedSampler
+    """transformers' length grouping (rows sorted by length within random mega-batches of 50 batches), then the
+    batches shuffled, all drawn from (seed, epoch). Why shuffle: transformers yields each mega-batch's batches
+    longest first, so consecutive steps share a sub-task and a protocol (here length tracks both); a judge
+    trained in that order lost its ranking (0.62 -> 0.46) and 37% of its pairwise verdicts stopped parsing."""
+    from transformers.trainer_pt_utils import LengthGroupedSampler, get_length_grouped_indices
 
     class SeededLengthGroupedSampler(LengthGroupedSampler):
         epoch = 0
@@ -91,20 +94,20 @@ def length_grouped_sampler(batch_size: int, lengths: list[int], seed: int):
             self.epoch = epoch
 
         def __iter__(self):
-            self.generator = torch.Generator().manual_seed(seed + 1_000_003 * self.epoch)
-            return super().__iter__()
+            g = torch.Generator().manual_seed(seed + 1_000_003 * self.epoch)
+            order = get_length_grouped_indices(self.lengths, self.batch_size, generator=g)
+            batches = [order[i:i + self.batch_size] for i in range(0, len(order), self.batch_size)]
+            last = [batches.pop()] if len(batches[-1]) < self.batch_size else []  # a short batch stays last
+            shuffled = [batches[i] for i in torch.randperm(len(batches), generator=g).tolist()] + last
+            return iter([i for batch in shuffled for i in batch])
 
     return SeededLengthGroupedSampler(batch_size, lengths=lengths)
 
 
-def flywheel_trainer(base_cls):
-    """A subclass of a TRL trainer that logs each step's sample ids, feeds the NaN guard, and draws its
-    length-grouped batches from the seed."""
+def length_grouped_trainer(base_cls):
+    """A TRL trainer whose length-grouped batches (train.group_by_length) come from length_grouped_sampler."""
 
-    class FlywheelTrainer(base_cls):
-        _fw_steps = None
-        _fw_guard: NonFiniteGuard | None = None
-
+    class LengthGroupedTrainer(base_cls):
         def _get_train_sampler(self, train_dataset=None):
             dataset = train_dataset if train_dataset is not None else self.train_dataset
             if self.args.train_sampling_strategy != "group_by_length" or LENGTH not in dataset.column_names:
@@ -112,6 +115,18 @@ def flywheel_trainer(base_cls):
             batch = self.args.train_batch_size * self.args.gradient_accumulation_steps
             seed = self.args.data_seed if self.args.data_seed is not None else self.args.seed
             return length_grouped_sampler(batch, dataset[LENGTH], seed)
+
+    LengthGroupedTrainer.__name__ = base_cls.__name__
+    return LengthGroupedTrainer
+
+
+def flywheel_trainer(base_cls):
+    """A subclass of a TRL trainer that logs each step's sample ids and feeds the NaN guard (and draws its
+    batches as length_grouped_trainer does)."""
+
+    class FlywheelTrainer(length_grouped_trainer(base_cls)):
+        _fw_steps = None
+        _fw_guard: NonFiniteGuard | None = None
 
         def training_step(self, model, inputs, num_items_in_batch=None):
             ids = inputs.pop(SAMPLE_IDS, None)

@@ -17,7 +17,7 @@ from flywheel.train.guards import NonFiniteGuard
 def build_trainer(model, processor, dataset, settings, output_dir: str, seed: int, dtype: str = "float32",
                   callbacks=(), bare: bool = False, peft_config="from-settings"):
     """The SFTTrainer every path uses (Ray worker, benchmark, tests, best-of-N SFT of the policies). `bare` gives
-    plain TRL, for comparison; `peft_config=None` trains the model as given (e.g. a loaded adapter)."""
+    plain TRL (with the same batches), for comparison; `peft_config=None` trains the model as given (e.g. a loaded adapter)."""
     from trl import SFTConfig, SFTTrainer
 
     if peft_config == "from-settings":
@@ -26,7 +26,7 @@ def build_trainer(model, processor, dataset, settings, output_dir: str, seed: in
     completion_only = "completion" in dataset.column_names
     args = SFTConfig(**hf.trl_args(settings, output_dir, seed, dtype), completion_only_loss=completion_only,
                      packing=False)
-    cls = SFTTrainer if bare else hf.flywheel_trainer(SFTTrainer)
+    cls = hf.length_grouped_trainer(SFTTrainer) if bare else hf.flywheel_trainer(SFTTrainer)
     return cls(model=model, args=args, train_dataset=dataset, processing_class=processor,
                peft_config=peft_config, callbacks=list(callbacks))
 

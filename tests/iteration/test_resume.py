@@ -1,6 +1,7 @@
 """Kill the driver of an iteration mid-stage, run it again: it finishes with the same results as an uninterrupted
 run with the same seed (every stage skips work whose output records the same config and inputs)."""
 
+import json
 import os
 import signal
 import subprocess
@@ -57,3 +58,8 @@ def test_killed_iteration_resumes_to_the_same_result(tmp_path):
     assert _run(resumed) == "done"
     a, b = _hashes(straight), _hashes(resumed)
     assert a and a == b
+    # the stages the killed run finished report the time they took then, not the moment the skip took
+    took = [json.loads((w / "data" / "iterations" / "000" / "stage-seconds.json").read_text())
+            for w in (straight, resumed)]
+    assert took[0].keys() == took[1].keys()
+    assert took[1]["candidates"] > 0.5 * took[0]["candidates"] > 0.5
