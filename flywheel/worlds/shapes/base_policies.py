@@ -77,7 +77,7 @@ def build_base_generator(zoo_generator: Path, root: Path, world: ShapesWorldConf
 def build_base_judge(zoo_judge: Path, root: Path, world: ShapesWorldConfig, cfg: BasePoliciesConfig,
                      seed: int) -> tuple[Path, dict]:
     """The judge base (cached): SFT of the random zoo Qwen2-VL on fault-free captions and questions about clean
-    and degraded renders. It can see; it has never judged."""
+    and degraded renders. It sees colours and counts (not shapes: see JudgeBaseConfig); it has never judged."""
     out = judge_dir(zoo_judge, root, world, cfg, seed)
     examples = perception_examples(world, cfg.judge)
 

@@ -21,7 +21,16 @@ class PolicyFaults(BaseModel):
 
 class JudgeBaseConfig(BaseModel):
     """The judge's starting point: the zoo Qwen2-VL taught to *see* this world (captions and VQA, no judging), as a
-    real flywheel starts from a pretrained VLM. Judging is left to the flywheel, which teaches it from the teacher."""
+    real flywheel starts from a pretrained VLM. Judging is left to the flywheel, which teaches it from the teacher.
+
+    What it sees (measured 2026-11-23; how, in issue 7's notes): colours and counts, not
+    shapes. A lone object's shape word in its captions is right 0.22 of the time (chance 0.33); "What colour is the
+    <shape>?" 0.64, against 0.57 for naming any colour in the scene. A linear probe finds shape in its patch
+    embeddings (0.70) but not in what its merger hands the language model (0.49). Shape-question SFT from the zoo
+    judge stayed at chance for 1,000 steps with 14-px patches, 7-px patches merged 4x4, 10x the vision tower's
+    learning rate, or a colour-x-shape tagging warm-up of the tower; yet a classification head on the tower alone
+    learns a lone object's shape (0.81 after 400 steps). The tower can learn shape; the language model's loss
+    did not teach it within those steps."""
 
     model_config = ConfigDict(extra="forbid")
     pretrain: PolicyPretrainConfig = Field(
