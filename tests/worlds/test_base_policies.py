@@ -95,3 +95,53 @@ def test_judge_base_config_refuses_a_reversed_resolution_range():
         JudgeBaseConfig(low_res=(36, 20))
     with pytest.raises(pydantic.ValidationError, match="low_res must be"):
         JudgeBaseConfig(low_res=(0, 20))
+
+
+def test_shape_questions_ask_about_a_colour_one_object_has_alone(cfg):
+    import numpy as np
+
+    from flywheel.worlds.shapes.policy_data import shape_examples
+    from flywheel.worlds.shapes.segment import segment
+
+    world = cfg.world.shapes
+    rows = shape_examples(world)(np.random.default_rng(0), 30)
+    answers = set()
+    for r in rows:
+        question = r["prompt"][0]["content"][1]["text"]
+        answer = r["completion"][0]["content"][0]["text"]
+        colour = question.removeprefix("What shape is the ").removesuffix(" object?")
+        assert answer.startswith(f"The {colour} object is a ")
+        seen = [d for d in segment(r["images"][0], world).detections if d.colour == colour]
+        assert len(seen) == 1 and answer.endswith(f"a {seen[0].shape}."), (question, answer, seen)
+        answers.add(answer.split()[-1])
+    assert answers == {"circle.", "square.", "triangle."}
+
+
+def test_shape_question_share_replaces_a_share_and_leaves_the_rest_alone(cfg):
+    import numpy as np
+
+    from flywheel.worlds.shapes.policy_data import perception_examples
+
+    world = cfg.world.shapes
+    plain = perception_examples(world, JudgeBaseConfig())(np.random.default_rng(5), 200)
+    mixed = perception_examples(world, JudgeBaseConfig(shape_question_share=0.3))(np.random.default_rng(5), 200)
+    is_shape = ["What shape is" in r["prompt"][0]["content"][1]["text"] for r in mixed]
+    assert 40 <= sum(is_shape) <= 80
+    assert all(m["completion"] == p["completion"] for m, p, s in zip(mixed, plain, is_shape) if not s)
+
+
+def test_a_shape_warmup_trains_first_and_only_a_set_knob_changes_the_cache_key(cfg, zoo, small, tmp_path):
+    from flywheel.worlds.shapes.base_policies import judge_dir
+
+    warm = small.model_copy(update={"judge": small.judge.model_copy(update={"shape_warmup_steps": 2})})
+    assert judge_dir(zoo["judge"], tmp_path, cfg.world.shapes, small, 0) != \
+        judge_dir(zoo["judge"], tmp_path, cfg.world.shapes, warm, 0)
+    # the knobs at their defaults leave the key as it was before they existed (cached bases stay valid)
+    from flywheel.worlds.shapes.base_policies import BASE_VERSION, _hash
+
+    before = small.judge.model_dump(mode="json", exclude={"shape_warmup_steps", "shape_question_share"})
+    assert judge_dir(zoo["judge"], tmp_path, cfg.world.shapes, small, 0).name == \
+        f"judge-base-{_hash(cfg.world.shapes, before, 0, BASE_VERSION, zoo['judge'].name)}"
+    path, metrics = build_base_judge(zoo["judge"], tmp_path, cfg.world.shapes, warm, seed=0)
+    assert metrics["shape_warmup/sft_loss"] > 0 and metrics["sft_loss"] > 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == [path.name]  # the warm-up's checkpoint is not left behind

@@ -20,10 +20,12 @@ from flywheel.models.pretrain_generator import pretrain_generator
 from flywheel.models.pretrain_vlm import pretrain_vlm
 from flywheel.worlds.shapes.config import ShapesWorldConfig
 from flywheel.worlds.shapes.policy_config import BasePoliciesConfig
-from flywheel.worlds.shapes.policy_data import generator_examples, llava_examples, perception_examples
+from flywheel.worlds.shapes.policy_data import generator_examples, llava_examples, perception_examples, \
+    shape_examples
 
 log = logging.getLogger(__name__)
 BASE_VERSION = 1  # bump when the recipe changes
+SHAPE_KNOBS = ("shape_warmup_steps", "shape_question_share")
 
 
 def _hash(*parts: object) -> str:
@@ -53,7 +55,9 @@ def generator_dir(zoo_generator: Path, root: Path, world: ShapesWorldConfig, cfg
 
 
 def judge_dir(zoo_judge: Path, root: Path, world: ShapesWorldConfig, cfg: BasePoliciesConfig, seed: int) -> Path:
-    return root / f"judge-base-{_hash(world, cfg.judge, seed, BASE_VERSION, zoo_judge.name)}"
+    # the shape knobs join the hash only when set, so judge bases built before they existed stay valid
+    recipe = cfg.judge.model_dump(mode="json", exclude={k for k in SHAPE_KNOBS if not getattr(cfg.judge, k)})
+    return root / f"judge-base-{_hash(world, recipe, seed, BASE_VERSION, zoo_judge.name)}"
 
 
 def build_base_policy(zoo_policy: Path, root: Path, world: ShapesWorldConfig, cfg: BasePoliciesConfig,
@@ -86,7 +90,15 @@ def build_base_judge(zoo_judge: Path, root: Path, world: ShapesWorldConfig, cfg:
         from flywheel.engines.hf import HFTextEngine
         from flywheel.worlds.shapes.policy_eval import evaluate_text_policy
 
-        stats = pretrain_vlm(zoo_judge, tmp, examples, cfg.judge.pretrain, seed)
+        start, stats = zoo_judge, {}
+        if cfg.judge.shape_warmup_steps:  # shape first: in the mixed SFT it never left chance (JudgeBaseConfig)
+            start = tmp.with_name(tmp.name + "-shapes")
+            warmup = cfg.judge.pretrain.model_copy(update={"steps": cfg.judge.shape_warmup_steps})
+            stats = {f"shape_warmup/{k}": v for k, v in
+                     pretrain_vlm(zoo_judge, start, shape_examples(world), warmup, seed).items()}
+        stats |= pretrain_vlm(start, tmp, examples, cfg.judge.pretrain, seed)
+        if start != zoo_judge:
+            shutil.rmtree(start)
         # How well it sees, on held-out renders (the policies' question types): its starting point as a number.
         engine = HFTextEngine(str(tmp), GenerationConfig(max_new_tokens=64, temperature=0.0, batch_size=16))
         seen = evaluate_text_policy(engine, world, n=cfg.eval_items, seed=seed)

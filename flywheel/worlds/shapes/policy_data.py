@@ -83,8 +83,31 @@ def degrade(image: Image.Image, rng: np.random.Generator, cfg: JudgeBaseConfig) 
     return small.filter(ImageFilter.GaussianBlur(float(rng.uniform(0, cfg.max_blur))))
 
 
+def shape_example(rng: np.random.Generator, world: ShapesWorldConfig) -> dict:
+    """'What shape is the <colour> object?' about a scene where that colour is one object's alone."""
+    while True:
+        scene = sample_scene(rng, config=world)
+        alone = [o for o in scene.objects if scene.count(colour=o.colour) == 1]
+        if alone:
+            break
+    o = alone[rng.integers(len(alone))]
+    return {
+        "images": [render(scene, world.image_size)],
+        "prompt": [{"role": "user", "content": [{"type": "image"},
+                                                {"type": "text", "text": f"What shape is the {o.colour} object?"}]}],
+        "completion": [{"role": "assistant", "content": [{"type": "text",
+                                                          "text": f"The {o.colour} object is a {o.shape}."}]}],
+    }
+
+
+def shape_examples(world: ShapesWorldConfig):
+    """Shape questions alone: the judge base's shape warm-up (JudgeBaseConfig.shape_warmup_steps)."""
+    return lambda rng, n: [shape_example(rng, world) for _ in range(n)]
+
+
 def perception_examples(world: ShapesWorldConfig, cfg: JudgeBaseConfig):
-    """Fault-free captions and questions on clean and degraded renders: perception for the judge base."""
+    """Fault-free captions and questions on clean and degraded renders, and a share of shape questions on clean
+    ones: perception for the judge base."""
     clean = PolicyFaults(caption_hallucination=0, yes_bias=0, wrong_answer=0)
 
     def make(rng: np.random.Generator, n: int) -> list[dict]:
@@ -92,6 +115,9 @@ def perception_examples(world: ShapesWorldConfig, cfg: JudgeBaseConfig):
         for row in rows:
             if rng.random() < cfg.degraded_share:
                 row["images"] = [degrade(row["images"][0], rng, cfg)]
+        if cfg.shape_question_share:  # drawn after the others, so a config without them keeps its examples
+            for i in np.flatnonzero(rng.random(n) < cfg.shape_question_share):
+                rows[i] = shape_example(rng, world)
         return rows
 
     return make
