@@ -43,7 +43,10 @@ class JudgeBaseConfig(BaseModel):
         "(loss 0.122-0.126) for ~1,500 steps, then learnt; after 3,000 steps 0.54 right (a lone object 0.74).")
     shape_question_share: float = Field(
         0.0, ge=0, le=1, description="Share of the perception SFT's examples that are shape questions (clean "
-        "images), so what the warm-up taught is kept.")
+        "images), so what the warm-up taught is kept. Measured with 3,000 warm-up steps and 0.2 (the base builds "
+        "~13 min longer): shape questions 0.35 -> 0.87, a lone object's shape in captions 0.22 -> 0.89, caption "
+        "recall 0.35 -> 0.84, but existence questions 0.78 -> 0.54; in the loop, iteration 0's judge ranked "
+        "id-test gold pairs 0.589 (0.619 without). Later iterations not yet measured, so both stay off.")
     degraded_share: float = Field(
         0.5, ge=0, le=1, description="Share of images degraded the way a small generator draws (lower resolution, "
         "blur), so the judge can read generated images too; colours and shapes are untouched.")
