@@ -92,7 +92,7 @@ def build_base_judge(zoo_judge: Path, root: Path, world: ShapesWorldConfig, cfg:
 
         start, stats = zoo_judge, {}
         if cfg.judge.shape_warmup_steps:  # shape first: in the mixed SFT it never left chance (JudgeBaseConfig)
-            start = tmp.with_name(tmp.name + "-shapes")
+            start = tmp / "shape-warmup"  # inside tmp: a killed build's retry removes it with tmp
             warmup = cfg.judge.pretrain.model_copy(update={"steps": cfg.judge.shape_warmup_steps})
             stats = {f"shape_warmup/{k}": v for k, v in
                      pretrain_vlm(zoo_judge, start, shape_examples(world), warmup, seed).items()}
