@@ -41,6 +41,10 @@ def pretrain_vlm(base: str | Path, out: str | Path, examples: Examples, cfg: Pol
     make_s = time.perf_counter() - t0
     processor = AutoProcessor.from_pretrained(str(base))
     model = AutoModelForImageTextToText.from_pretrained(str(base))
+    if cfg.freeze_vision:
+        from flywheel.models.vision import freeze_vision
+
+        log.info("pretrain: vision encoder and projector frozen (%d parameters)", freeze_vision(model))
     with tempfile.TemporaryDirectory() as tmp:
         args = SFTConfig(
             output_dir=tmp, max_steps=cfg.steps, per_device_train_batch_size=cfg.batch_size,

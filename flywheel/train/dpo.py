@@ -46,7 +46,8 @@ def build_trainer(model, processor, dataset, settings, output_dir: str, seed: in
     from trl import DPOConfig, DPOTrainer
 
     if peft_config == "from-settings":
-        peft_config = hf.peft_config(settings.lora)
+        peft_config = hf.peft_config(settings)
+    hf.keep_vision(model, settings, peft_config)
     loss_type, loss_weights = loss_terms(settings)
     args = DPOConfig(**hf.trl_args(settings, output_dir, seed, dtype), beta=settings.beta,
                      loss_type=loss_type, loss_weights=loss_weights, precompute_ref_log_probs=False)
@@ -73,9 +74,9 @@ def load_start(ctx):
             raise ValueError(f"reference=original keeps the adapter's base as the DPO reference, but {ref} has no "
                              "LoRA adapter to continue (or LoRA is off): use reference=previous")
         model, processor = hf.load_vlm(resolve_base(ctx.cfg, ref), dtype)
-        return model, processor, hf.peft_config(s.lora), ref, False
+        return model, processor, hf.peft_config(s), ref, False
     model, processor = hf.load_vlm(ctx.base_path(), dtype)
-    return model, processor, hf.peft_config(s.lora), ref, False
+    return model, processor, hf.peft_config(s), ref, False
 
 
 def use_original_reference(trainer) -> None:

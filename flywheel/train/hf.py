@@ -51,14 +51,28 @@ def load_vlm(path: str, dtype: str = "float32"):
     return model, processor
 
 
-def peft_config(lora) -> "object | None":
-    """PEFT LoraConfig from the config's LoRA section, or None for a full fine-tune."""
+def peft_config(settings) -> "object | None":
+    """PEFT LoraConfig from a training's LoRA settings (no adapter in the vision side when `freeze_vision`), or
+    None for a full fine-tune."""
+    lora = settings.lora
     if not lora.enabled:
         return None
     from peft import LoraConfig
 
+    from flywheel.models.vision import LORA_EXCLUDE
+
     return LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-                      target_modules=lora.target_modules, task_type="CAUSAL_LM")
+                      target_modules=lora.target_modules, task_type="CAUSAL_LM",
+                      exclude_modules=LORA_EXCLUDE if settings.freeze_vision else None)
+
+
+def keep_vision(model, settings, peft_config) -> None:
+    """A training without a new LoRA (a full fine-tune, or a loaded adapter trained further) freezes the vision
+    side itself when `freeze_vision`; with a new LoRA, peft_config's exclude_modules does it."""
+    if settings.freeze_vision and peft_config is None:
+        from flywheel.models.vision import freeze_vision
+
+        log.info("vision encoder and projector frozen (%d parameters)", freeze_vision(model))
 
 
 def trl_args(settings, output_dir: str, seed: int, dtype: str = "float32", **extra) -> dict:

@@ -21,7 +21,8 @@ def build_trainer(model, processor, dataset, settings, output_dir: str, seed: in
     from trl import SFTConfig, SFTTrainer
 
     if peft_config == "from-settings":
-        peft_config = hf.peft_config(settings.lora)
+        peft_config = hf.peft_config(settings)
+    hf.keep_vision(model, settings, peft_config)
 
     completion_only = "completion" in dataset.column_names
     args = SFTConfig(**hf.trl_args(settings, output_dir, seed, dtype), completion_only_loss=completion_only,

@@ -11,8 +11,11 @@ from flywheel.worlds.shapes.policy_config import BasePoliciesConfig, JudgeBaseCo
 
 @pytest.fixture(scope="module")
 def small():
+    # vision pretraining off (steps 0) here; test_base_vlms_pretrain_their_vision_first covers it
     return BasePoliciesConfig(policy={"steps": 3, "batch_size": 4, "warmup_steps": 0}, eval_items=12,
-                              judge={"pretrain": {"steps": 2, "batch_size": 4, "warmup_steps": 0}},
+                              policy_vision={"steps": 0},
+                              judge={"pretrain": {"steps": 2, "batch_size": 4, "warmup_steps": 0},
+                                     "vision": {"steps": 0}},
                               generator={"vae_steps": 2, "unet_steps": 2, "batch_size": 4, "vae_batch_size": 4})
 
 
@@ -97,51 +100,47 @@ def test_judge_base_config_refuses_a_reversed_resolution_range():
         JudgeBaseConfig(low_res=(0, 20))
 
 
-def test_shape_questions_ask_about_a_colour_one_object_has_alone(cfg):
+def test_cell_labels_name_the_object_at_each_centre_and_ignore_the_rest_of_it():
+    from flywheel.models.pretrain_vision import IGNORE
+    from flywheel.worlds.shapes.policy_data import cell_labels
+    from flywheel.worlds.shapes.scene import Obj, Scene
+
+    classes = ("red circle", "blue square", "background")
+    scene = Scene(objects=(Obj("circle", "red", 0.2, 0.1, 0.1), Obj("square", "blue", 0.3, 0.62, 0.62)))
+    grid = cell_labels(scene, 4, classes).reshape(4, 4)
+    assert grid[0, 0] == 0 and grid[2, 2] == 1  # the cells of the two centres
+    # the square's box (0.47-0.77) reaches cells 1-3 on both axes: part of it, not which object - ignored
+    assert {(int(r), int(c)) for r, c in zip(*(grid == IGNORE).nonzero())} == \
+        {(r, c) for r in (1, 2, 3) for c in (1, 2, 3)} - {(2, 2)}
+    assert (grid == 2).sum() == 16 - 1 - 1 - 8  # everything else is background
+
+
+def test_vision_task_labels_match_its_images(cfg):
     import numpy as np
 
-    from flywheel.worlds.shapes.policy_data import shape_examples
+    from flywheel.worlds.shapes.policy_data import vision_task
     from flywheel.worlds.shapes.segment import segment
 
     world = cfg.world.shapes
-    rows = shape_examples(world)(np.random.default_rng(0), 30)
-    answers = set()
-    for r in rows:
-        question = r["prompt"][0]["content"][1]["text"]
-        answer = r["completion"][0]["content"][0]["text"]
-        colour = question.removeprefix("What shape is the ").removesuffix(" object?")
-        assert answer.startswith(f"The {colour} object is a ")
-        seen = [d for d in segment(r["images"][0], world).detections if d.colour == colour]
-        assert len(seen) == 1 and answer.endswith(f"a {seen[0].shape}."), (question, answer, seen)
-        answers.add(answer.split()[-1])
-    assert answers == {"circle.", "square.", "triangle."}
+    task = vision_task(world)
+    images, labels = task.make(np.random.default_rng(0), 20, 4)
+    assert labels.shape == (20, 16) and task.classes[task.background] == "background"
+    for image, row in zip(images, labels):
+        named = sorted(task.classes[k] for k in row if 0 <= k != task.background)
+        seen = sorted(f"{d.colour} {d.shape}" for d in segment(image, world).detections)
+        assert set(named) <= set(seen)  # every labelled cell names an object the image shows
+    degraded = vision_task(world, JudgeBaseConfig(degraded_share=1.0)).make(np.random.default_rng(0), 20, 4)
+    assert (degraded[1] == labels).all()  # the same scenes and labels, drawn worse
+    assert any(np.abs(np.asarray(a, float) - np.asarray(b, float)).mean() > 0.1
+               for a, b in zip(images, degraded[0]))
 
 
-def test_shape_question_share_replaces_a_share_and_leaves_the_rest_alone(cfg):
-    import numpy as np
+def test_base_vlms_pretrain_their_vision_first_and_leave_nothing_behind(cfg, zoo, small, tmp_path):
+    from flywheel.models.pretrain_config import VisionPretrainConfig
 
-    from flywheel.worlds.shapes.policy_data import perception_examples
-
-    world = cfg.world.shapes
-    plain = perception_examples(world, JudgeBaseConfig())(np.random.default_rng(5), 200)
-    mixed = perception_examples(world, JudgeBaseConfig(shape_question_share=0.3))(np.random.default_rng(5), 200)
-    is_shape = ["What shape is" in r["prompt"][0]["content"][1]["text"] for r in mixed]
-    assert 40 <= sum(is_shape) <= 80
-    assert all(m["completion"] == p["completion"] for m, p, s in zip(mixed, plain, is_shape) if not s)
-
-
-def test_a_shape_warmup_trains_first_and_only_a_set_knob_changes_the_cache_key(cfg, zoo, small, tmp_path):
-    from flywheel.worlds.shapes.base_policies import judge_dir
-
-    warm = small.model_copy(update={"judge": small.judge.model_copy(update={"shape_warmup_steps": 2})})
-    assert judge_dir(zoo["judge"], tmp_path, cfg.world.shapes, small, 0) != \
-        judge_dir(zoo["judge"], tmp_path, cfg.world.shapes, warm, 0)
-    # the knobs at their defaults leave the key as it was before they existed (cached bases stay valid)
-    from flywheel.worlds.shapes.base_policies import BASE_VERSION, _hash
-
-    before = small.judge.model_dump(mode="json", exclude={"shape_warmup_steps", "shape_question_share"})
-    assert judge_dir(zoo["judge"], tmp_path, cfg.world.shapes, small, 0).name == \
-        f"judge-base-{_hash(cfg.world.shapes, before, 0, BASE_VERSION, zoo['judge'].name)}"
-    path, metrics = build_base_judge(zoo["judge"], tmp_path, cfg.world.shapes, warm, seed=0)
-    assert metrics["shape_warmup/sft_loss"] > 0 and metrics["sft_loss"] > 0
-    assert sorted(p.name for p in tmp_path.iterdir()) == [path.name]  # the warm-up's checkpoint is not left behind
+    vision = VisionPretrainConfig(steps=2, batch_size=4, eval_images=4)
+    seeing = small.model_copy(update={"judge": small.judge.model_copy(update={"vision": vision})})
+    path, metrics = build_base_judge(zoo["judge"], tmp_path, cfg.world.shapes, seeing, seed=0)
+    assert metrics["vision_seconds"] > 0 and 0 <= metrics["vision/object_cells"] <= 1 and metrics["sft_loss"] > 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == [path.name]  # the vision stage's checkpoint is gone
+    assert not (path / "vision").exists()

@@ -17,15 +17,15 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from flywheel.models.pretrain_generator import pretrain_generator
+from flywheel.models.pretrain_config import PolicyPretrainConfig, VisionPretrainConfig
+from flywheel.models.pretrain_vision import pretrain_vision
 from flywheel.models.pretrain_vlm import pretrain_vlm
 from flywheel.worlds.shapes.config import ShapesWorldConfig
 from flywheel.worlds.shapes.policy_config import BasePoliciesConfig
-from flywheel.worlds.shapes.policy_data import generator_examples, llava_examples, perception_examples, \
-    shape_examples
+from flywheel.worlds.shapes.policy_data import generator_examples, llava_examples, perception_examples, vision_task
 
 log = logging.getLogger(__name__)
-BASE_VERSION = 1  # bump when the recipe changes
-SHAPE_KNOBS = ("shape_warmup_steps", "shape_question_share")
+BASE_VERSION = 1  # bump when the recipe changes (the settings themselves are in the hash)
 
 
 def _hash(*parts: object) -> str:
@@ -45,8 +45,21 @@ def _build(out: Path, train) -> tuple[Path, dict]:
     return out, metrics
 
 
+def _see_then_talk(zoo: Path, out: Path, task, vision: VisionPretrainConfig, examples,
+                   sft: PolicyPretrainConfig, seed: int) -> dict:
+    """Vision pretraining (skipped at 0 steps), then the VLM SFT from its result."""
+    if not vision.steps:
+        return pretrain_vlm(zoo, out, examples, sft, seed)
+    seen = out / "vision"  # inside the build's temp folder: a killed build's retry removes it with the folder
+    stats = pretrain_vision(zoo, seen, task, vision, seed)
+    stats |= pretrain_vlm(seen, out, examples, sft, seed)
+    shutil.rmtree(seen)
+    return stats
+
+
 def policy_dir(zoo_policy: Path, root: Path, world: ShapesWorldConfig, cfg: BasePoliciesConfig, seed: int) -> Path:
-    return root / f"policy-base-{_hash(world, cfg.faults, cfg.policy, seed, BASE_VERSION, zoo_policy.name)}"
+    key = _hash(world, cfg.faults, cfg.policy_vision, cfg.policy, seed, BASE_VERSION, zoo_policy.name)
+    return root / f"policy-base-{key}"
 
 
 def generator_dir(zoo_generator: Path, root: Path, world: ShapesWorldConfig, cfg: BasePoliciesConfig,
@@ -55,18 +68,16 @@ def generator_dir(zoo_generator: Path, root: Path, world: ShapesWorldConfig, cfg
 
 
 def judge_dir(zoo_judge: Path, root: Path, world: ShapesWorldConfig, cfg: BasePoliciesConfig, seed: int) -> Path:
-    # the shape knobs join the hash only when set, so judge bases built before they existed stay valid
-    recipe = cfg.judge.model_dump(mode="json", exclude={k for k in SHAPE_KNOBS if not getattr(cfg.judge, k)})
-    return root / f"judge-base-{_hash(world, recipe, seed, BASE_VERSION, zoo_judge.name)}"
+    return root / f"judge-base-{_hash(world, cfg.judge, seed, BASE_VERSION, zoo_judge.name)}"
 
 
 def build_base_policy(zoo_policy: Path, root: Path, world: ShapesWorldConfig, cfg: BasePoliciesConfig,
                       seed: int) -> tuple[Path, dict]:
-    """The base LLaVA (cached): SFT of the random zoo policy on faulty IU examples."""
+    """The base LLaVA (cached): the random zoo policy's vision pretrained, then SFT on faulty IU examples."""
     out = policy_dir(zoo_policy, root, world, cfg, seed)
-    examples = llava_examples(world, cfg.faults)
-    log.info("base policy: LLaVA SFT → %s", out)
-    return _build(out, lambda tmp: pretrain_vlm(zoo_policy, tmp, examples, cfg.policy, seed))
+    log.info("base policy: LLaVA vision pretraining and SFT → %s", out)
+    return _build(out, lambda tmp: _see_then_talk(zoo_policy, tmp, vision_task(world), cfg.policy_vision,
+                                                  llava_examples(world, cfg.faults), cfg.policy, seed))
 
 
 def build_base_generator(zoo_generator: Path, root: Path, world: ShapesWorldConfig, cfg: BasePoliciesConfig,
@@ -80,8 +91,8 @@ def build_base_generator(zoo_generator: Path, root: Path, world: ShapesWorldConf
 
 def build_base_judge(zoo_judge: Path, root: Path, world: ShapesWorldConfig, cfg: BasePoliciesConfig,
                      seed: int) -> tuple[Path, dict]:
-    """The judge base (cached): SFT of the random zoo Qwen2-VL on fault-free captions and questions about clean
-    and degraded renders. It sees colours and counts (not shapes: see JudgeBaseConfig); it has never judged."""
+    """The judge base (cached): the random zoo Qwen2-VL's vision pretrained, then SFT on fault-free captions and
+    questions about clean and degraded renders (JudgeBaseConfig). It has never judged."""
     out = judge_dir(zoo_judge, root, world, cfg, seed)
     examples = perception_examples(world, cfg.judge)
 
@@ -90,20 +101,13 @@ def build_base_judge(zoo_judge: Path, root: Path, world: ShapesWorldConfig, cfg:
         from flywheel.engines.hf import HFTextEngine
         from flywheel.worlds.shapes.policy_eval import evaluate_text_policy
 
-        start, stats = zoo_judge, {}
-        if cfg.judge.shape_warmup_steps:  # shape first: in the mixed SFT it never left chance (JudgeBaseConfig)
-            start = tmp / "shape-warmup"  # inside tmp: a killed build's retry removes it with tmp
-            warmup = cfg.judge.pretrain.model_copy(update={"steps": cfg.judge.shape_warmup_steps})
-            stats = {f"shape_warmup/{k}": v for k, v in
-                     pretrain_vlm(zoo_judge, start, shape_examples(world), warmup, seed).items()}
-        stats |= pretrain_vlm(start, tmp, examples, cfg.judge.pretrain, seed)
-        if start != zoo_judge:
-            shutil.rmtree(start)
+        stats = _see_then_talk(zoo_judge, tmp, vision_task(world, cfg.judge), cfg.judge.vision, examples,
+                               cfg.judge.pretrain, seed)
         # How well it sees, on held-out renders (the policies' question types): its starting point as a number.
         engine = HFTextEngine(str(tmp), GenerationConfig(max_new_tokens=64, temperature=0.0, batch_size=16))
         seen = evaluate_text_policy(engine, world, n=cfg.eval_items, seed=seed)
         return stats | {f"perception/{k}": v for k, v in seen.items()  # NaN (no caption parsed) left out
                         if (k.startswith("accuracy") or k == "caption_recall") and not math.isnan(v)}
 
-    log.info("base judge: Qwen2-VL perception SFT → %s", out)
+    log.info("base judge: Qwen2-VL vision pretraining and perception SFT → %s", out)
     return _build(out, train)

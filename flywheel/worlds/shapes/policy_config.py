@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from flywheel.models.pretrain_config import GeneratorPretrainConfig, PolicyPretrainConfig
+from flywheel.models.pretrain_config import GeneratorPretrainConfig, PolicyPretrainConfig, VisionPretrainConfig
 
 
 class PolicyFaults(BaseModel):
@@ -20,33 +20,20 @@ class PolicyFaults(BaseModel):
 
 
 class JudgeBaseConfig(BaseModel):
-    """The judge's starting point: the zoo Qwen2-VL taught to *see* this world (captions and VQA, no judging), as a
-    real flywheel starts from a pretrained VLM. Judging is left to the flywheel, which teaches it from the teacher.
+    """The judge's starting point: the zoo Qwen2-VL taught to *see* this world, as a real flywheel starts from a
+    pretrained VLM: first its vision encoder and projector (dense cell classification, `vision`), then captions and
+    questions with them frozen (`pretrain`). No judging: the flywheel teaches that from the teacher.
 
-    What it sees (measured 2026-11-23; how, in issue 7's notes): colours and counts, not
-    shapes. A lone object's shape word in its captions is right 0.22 of the time (chance 0.33); "What colour is the
-    <shape>?" 0.64, against 0.57 for naming any colour in the scene. A linear probe finds shape in its patch
-    embeddings (0.70) but not in what its merger hands the language model (0.49). Shape-question SFT from the zoo
-    judge stayed at chance for 1,000 steps with 14-px patches, 7-px patches merged 4x4, 10x the vision tower's
-    learning rate, or a colour-x-shape tagging warm-up of the tower; yet a classification head on the tower alone
-    learns a lone object's shape (0.81 after 400 steps). The tower can learn shape; the language model's loss
-    did not teach it within those steps."""
+    Why two stages (measured 2026-11-23/24, issue 7's notes): taught through the language model alone it saw
+    colours and counts but named a lone object's shape at chance (0.22, three shapes) after 3,000 steps; shape
+    questions alone stayed at chance for ~1,500 steps. Dense supervision of the image tokens learns shape."""
 
     model_config = ConfigDict(extra="forbid")
+    vision: VisionPretrainConfig = Field(default_factory=VisionPretrainConfig,
+                                         description="Dense pretraining of the vision encoder and projector.")
     pretrain: PolicyPretrainConfig = Field(
-        default_factory=lambda: PolicyPretrainConfig(steps=3000),
-        description="SFT on fault-free captions and questions. The notes' judge began to see shapes after "
-        "~2,000 steps of 32; 1,500 steps helped IU and NLG ranking but not generated images.")
-    shape_warmup_steps: int = Field(
-        0, ge=0, description="SFT steps (of `pretrain.batch_size`, at `pretrain.lr`) on 'What shape is the <colour> "
-        "object?' alone, before the perception SFT. Measured from the zoo judge, shape questions alone: at chance "
-        "(loss 0.122-0.126) for ~1,500 steps, then learnt; after 3,000 steps 0.54 right (a lone object 0.74).")
-    shape_question_share: float = Field(
-        0.0, ge=0, le=1, description="Share of the perception SFT's examples that are shape questions (clean "
-        "images), so what the warm-up taught is kept. Measured with 3,000 warm-up steps and 0.2 (the base builds "
-        "~13 min longer): shape questions 0.35 -> 0.87, a lone object's shape in captions 0.22 -> 0.89, caption "
-        "recall 0.35 -> 0.84, but existence questions 0.78 -> 0.54; in the loop, iteration 0's judge ranked "
-        "id-test gold pairs 0.589 (0.619 without). Later iterations not yet measured, so both stay off.")
+        default_factory=lambda: PolicyPretrainConfig(steps=3000, freeze_vision=True),
+        description="SFT on fault-free captions and questions, the vision side frozen.")
     degraded_share: float = Field(
         0.5, ge=0, le=1, description="Share of images degraded the way a small generator draws (lower resolution, "
         "blur), so the judge can read generated images too; colours and shapes are untouched.")
@@ -65,7 +52,13 @@ class JudgeBaseConfig(BaseModel):
 class BasePoliciesConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     faults: PolicyFaults = Field(default_factory=PolicyFaults, description="Faults taught to the base LLaVA.")
-    policy: PolicyPretrainConfig = Field(default_factory=PolicyPretrainConfig, description="LLaVA SFT settings.")
+    policy_vision: VisionPretrainConfig = Field(default_factory=VisionPretrainConfig, description="Dense "
+                                                "pretraining of the LLaVA's CLIP tower and projector.")
+    policy: PolicyPretrainConfig = Field(
+        default_factory=lambda: PolicyPretrainConfig(freeze_vision=True),
+        description="LLaVA SFT on the faulty examples, the vision side frozen. Without its own vision pretraining "
+        "(1,500 or 5,000 steps, measured) the LLaVA named a third of a scene's objects (caption recall 0.32, "
+        "0.38), so its errors were perception DPO cannot fix; with it, 0.75.")
     generator: GeneratorPretrainConfig = Field(default_factory=GeneratorPretrainConfig,
                                                description="SDXL VAE + UNet pretraining settings.")
     judge: JudgeBaseConfig = Field(default_factory=JudgeBaseConfig, description="The perceiving judge base "

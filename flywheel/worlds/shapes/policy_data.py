@@ -83,31 +83,44 @@ def degrade(image: Image.Image, rng: np.random.Generator, cfg: JudgeBaseConfig) 
     return small.filter(ImageFilter.GaussianBlur(float(rng.uniform(0, cfg.max_blur))))
 
 
-def shape_example(rng: np.random.Generator, world: ShapesWorldConfig) -> dict:
-    """'What shape is the <colour> object?' about a scene where that colour is one object's alone."""
-    while True:
-        scene = sample_scene(rng, config=world)
-        alone = [o for o in scene.objects if scene.count(colour=o.colour) == 1]
-        if alone:
-            break
-    o = alone[rng.integers(len(alone))]
-    return {
-        "images": [render(scene, world.image_size)],
-        "prompt": [{"role": "user", "content": [{"type": "image"},
-                                                {"type": "text", "text": f"What shape is the {o.colour} object?"}]}],
-        "completion": [{"role": "assistant", "content": [{"type": "text",
-                                                          "text": f"The {o.colour} object is a {o.shape}."}]}],
-    }
+def cell_labels(scene: Scene, grid: int, classes: tuple[str, ...]) -> np.ndarray:
+    """A grid x grid raster of class indices: the cell holding an object's centre is that object's "<colour>
+    <shape>", a cell its box only overlaps is IGNORE (part of an object, not which), every other cell background
+    (the last class). Two centres in one cell: the later object's (rare at these sizes; the loss tolerates it)."""
+    from flywheel.models.pretrain_vision import IGNORE
+
+    labels = np.full(grid * grid, len(classes) - 1, np.int64)
+    cell = lambda v: min(int(v * grid), grid - 1)  # noqa: E731
+    for o in scene.objects:
+        half = o.size / 2
+        for r in range(cell(max(o.y - half, 0.0)), cell(min(o.y + half, 1.0)) + 1):
+            for c in range(cell(max(o.x - half, 0.0)), cell(min(o.x + half, 1.0)) + 1):
+                labels[r * grid + c] = IGNORE
+    for o in scene.objects:
+        labels[cell(o.y) * grid + cell(o.x)] = classes.index(f"{o.colour} {o.shape}")
+    return labels
 
 
-def shape_examples(world: ShapesWorldConfig):
-    """Shape questions alone: the judge base's shape warm-up (JudgeBaseConfig.shape_warmup_steps)."""
-    return lambda rng, n: [shape_example(rng, world) for _ in range(n)]
+def vision_task(world: ShapesWorldConfig, judge: JudgeBaseConfig | None = None):
+    """The dense vision pretraining task (flywheel/models/pretrain_vision.py) of this world: every image token
+    names the object whose centre is in its cell. With `judge`, a share of the images is degraded as in the
+    judge's perception examples, so its features read generated images too."""
+    from flywheel.models.pretrain_vision import CellTask
+
+    classes = tuple(f"{c} {s}" for c in PALETTES[world.palette] for s in world.shapes) + ("background",)
+
+    def make(rng: np.random.Generator, n: int, grid: int) -> tuple[list[Image.Image], np.ndarray]:
+        scenes = [sample_scene(rng, config=world) for _ in range(n)]
+        images = [render(scene, world.image_size) for scene in scenes]
+        if judge is not None:  # drawn after the scenes, so the share changes the images and nothing else
+            images = [degrade(im, rng, judge) if rng.random() < judge.degraded_share else im for im in images]
+        return images, np.stack([cell_labels(scene, grid, classes) for scene in scenes])
+
+    return CellTask(classes, len(classes) - 1, make)
 
 
 def perception_examples(world: ShapesWorldConfig, cfg: JudgeBaseConfig):
-    """Fault-free captions and questions on clean and degraded renders, and a share of shape questions on clean
-    ones: perception for the judge base."""
+    """Fault-free captions and questions on clean and degraded renders: perception for the judge base."""
     clean = PolicyFaults(caption_hallucination=0, yes_bias=0, wrong_answer=0)
 
     def make(rng: np.random.Generator, n: int) -> list[dict]:
@@ -115,9 +128,6 @@ def perception_examples(world: ShapesWorldConfig, cfg: JudgeBaseConfig):
         for row in rows:
             if rng.random() < cfg.degraded_share:
                 row["images"] = [degrade(row["images"][0], rng, cfg)]
-        if cfg.shape_question_share:  # drawn after the others, so a config without them keeps its examples
-            for i in np.flatnonzero(rng.random(n) < cfg.shape_question_share):
-                rows[i] = shape_example(rng, world)
         return rows
 
     return make

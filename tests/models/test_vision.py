@@ -1,0 +1,95 @@
+"""The vision side of the zoo VLMs: which parameters it is, the features the language model reads, its dense
+pretraining, and trainings that keep it fixed."""
+
+import numpy as np
+import pytest
+import torch
+
+from flywheel.models.pretrain_config import VisionPretrainConfig
+from flywheel.models.pretrain_vision import IGNORE, CellTask, cell_accuracy, pretrain_vision
+from flywheel.models.vision import freeze_vision, image_features, is_vision, vision_parameters
+from flywheel.train.hf import load_vlm
+
+
+def test_vision_names_cover_both_architectures_and_nothing_of_the_language_model():
+    assert is_vision("model.visual.blocks.0.attn.qkv.weight")  # Qwen2-VL encoder
+    assert is_vision("model.visual.merger.mlp.0.weight")  # Qwen2-VL projector
+    assert is_vision("model.vision_tower.vision_model.encoder.layers.0.mlp.fc1.weight")  # LLaVA's CLIP
+    assert is_vision("model.multi_modal_projector.linear_1.weight")
+    assert is_vision("base_model.model.model.visual.blocks.0.attn.qkv.lora_A.default.weight")  # under PEFT
+    assert not is_vision("model.language_model.layers.0.self_attn.q_proj.weight")
+    assert not is_vision("lm_head.weight") and not is_vision("model.visualizer_free.weight")
+
+
+@pytest.mark.parametrize("name", ["judge", "policy"])
+def test_features_are_a_square_token_grid_and_freezing_stops_only_the_vision_side(zoo, name):
+    from PIL import Image
+
+    model, processor = load_vlm(str(zoo[name]))
+    feats = image_features(model, processor, [Image.new("RGB", (56, 56), "white")] * 3)
+    assert feats.shape[0] == 3 and feats.shape[2] == model.config.text_config.hidden_size
+    assert int(feats.shape[1] ** 0.5) ** 2 == feats.shape[1]
+    n = freeze_vision(model)
+    frozen = {k for k, p in model.named_parameters() if not p.requires_grad}
+    assert n == sum(p.numel() for p in vision_parameters(model)) > 0
+    assert frozen == {k for k, _ in model.named_parameters() if is_vision(k)}
+
+
+def _dot_task():
+    """A toy cell task: one red dot in one of the 16 cells of a 56-px image; its cell is 'dot', the rest
+    background."""
+    from PIL import Image, ImageDraw
+
+    def make(rng, n, grid):
+        images, labels = [], np.full((n, grid * grid), 1, np.int64)
+        for i in range(n):
+            r, c = rng.integers(grid, size=2)
+            image = Image.new("RGB", (56, 56), "white")
+            x, y = (c + 0.5) * 56 / grid, (r + 0.5) * 56 / grid
+            ImageDraw.Draw(image).ellipse([x - 5, y - 5, x + 5, y + 5], fill="red")
+            images.append(image)
+            labels[i, r * grid + c] = 0
+        return images, labels
+
+    return CellTask(("dot", "background"), 1, make)
+
+
+def test_pretrain_vision_trains_the_vision_side_only_and_saves_a_loadable_vlm(zoo, tmp_path):
+    from safetensors.torch import load_file
+
+    cfg = VisionPretrainConfig(steps=3, batch_size=4, eval_images=8, warmup_steps=0)
+    metrics = pretrain_vision(zoo["policy"], tmp_path / "seen", _dot_task(), cfg, seed=0)
+    assert metrics["vision_seconds"] > 0 and 0 <= metrics["vision/object_cells"] <= 1
+    before = load_file(next(zoo["policy"].glob("*.safetensors")))
+    after = load_file(next((tmp_path / "seen").glob("*.safetensors")))
+    moved = {k for k in before if not torch.equal(before[k], after[k])}
+    assert moved and all(is_vision(k) for k in moved)
+    load_vlm(str(tmp_path / "seen"))  # a standard checkpoint again
+
+
+def test_cell_accuracy_leaves_ignored_cells_out():
+    labels = torch.tensor([[0, 1, IGNORE, 1]])
+    pred = torch.tensor([[0, 0, 0, 1]])
+    assert cell_accuracy(pred, labels, background=1) == {"object_cells": 1.0, "background_cells": 0.5}
+
+
+def test_trainings_keep_the_vision_side_fixed_when_asked(cfg, zoo, tmp_path):
+    from flywheel.train import hf
+
+    full = cfg.train.resolved("judge_sft")  # local config: a full fine-tune
+    assert full.freeze_vision and not full.lora.enabled
+    model, _ = load_vlm(str(zoo["judge"]))
+    hf.keep_vision(model, full, hf.peft_config(full))
+    assert all(not p.requires_grad for p in vision_parameters(model))
+    assert any(p.requires_grad for k, p in model.named_parameters() if not is_vision(k))
+
+    from peft import get_peft_model
+
+    lora = cfg.train.resolved("policy_dpo")
+    assert lora.freeze_vision and lora.lora.enabled
+    wrapped = get_peft_model(load_vlm(str(zoo["policy"]))[0], hf.peft_config(lora))
+    adapters = [k for k, _ in wrapped.named_parameters() if "lora_" in k]
+    assert adapters and not any(is_vision(k) for k in adapters)
+    loose = lora.model_copy(update={"freeze_vision": False})
+    wrapped = get_peft_model(load_vlm(str(zoo["policy"]))[0], hf.peft_config(loose))
+    assert any(is_vision(k) for k, _ in wrapped.named_parameters() if "lora_" in k)
