@@ -60,18 +60,11 @@ def pretrain_vision(base: str | Path, out: str | Path, task: CellTask, cfg: Visi
     head = torch.nn.Linear(model.config.text_config.hidden_size, len(task.classes))
     params = vision_parameters(model)
     opt = torch.optim.AdamW(params + list(head.parameters()), lr=cfg.lr, weight_decay=0.0)
-    warm = max(cfg.warmup_steps, 1)
+    warm, total = max(cfg.warmup_steps, 1), max(cfg.steps, 1)
     sched = torch.optim.lr_scheduler.LambdaLR(  # linear warm-up, cosine to zero
-        opt, lambda s: min(1.0, (s + 1) / warm) * 0.5 * (1 + np.cos(np.pi * min(s, cfg.steps) / cfg.steps)))
+        opt, lambda s: min(1.0, (s + 1) / warm) * 0.5 * (1 + np.cos(np.pi * min(s, total) / total)))
     held_images, held_labels = task.make(np.random.default_rng([seed, 1]), cfg.eval_images, grid)
     rng, t0, loss = np.random.default_rng([seed, 0]), time.perf_counter(), torch.tensor(float("nan"))
-
-    def evaluate() -> dict[str, float]:
-        model.eval()
-        with torch.no_grad():
-            pred = head(image_features(model, processor, held_images)).argmax(-1)
-        model.train()
-        return cell_accuracy(pred, torch.as_tensor(held_labels), task.background)
 
     for step in range(cfg.steps):
         images, labels = task.make(rng, cfg.batch_size, grid)
@@ -85,7 +78,10 @@ def pretrain_vision(base: str | Path, out: str | Path, task: CellTask, cfg: Visi
         sched.step()
         if (step + 1) % max(cfg.steps // 10, 1) == 0:
             log.info("pretrain vision: step %d/%d loss %.4f", step + 1, cfg.steps, loss.item())
-    held = evaluate()
+    model.eval()
+    with torch.no_grad():
+        pred = head(image_features(model, processor, held_images)).argmax(-1)
+    held = cell_accuracy(pred, torch.as_tensor(held_labels), task.background)
     log.info("pretrain vision: held-out object cells %.3f, background cells %.3f", held["object_cells"],
              held["background_cells"])
     model.save_pretrained(str(out))
