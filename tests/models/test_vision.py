@@ -93,3 +93,9 @@ def test_trainings_keep_the_vision_side_fixed_when_asked(cfg, zoo, tmp_path):
     loose = lora.model_copy(update={"freeze_vision": False})
     wrapped = get_peft_model(load_vlm(str(zoo["policy"]))[0], hf.peft_config(loose))
     assert any(is_vision(k) for k, _ in wrapped.named_parameters() if "lora_" in k)
+
+
+def test_a_model_without_a_vision_side_is_refused_by_name():
+    text_only = torch.nn.Sequential(torch.nn.Linear(4, 4))
+    with pytest.raises(ValueError, match="Sequential has no parameters under visual, vision_tower"):
+        freeze_vision(text_only)
