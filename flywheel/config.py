@@ -21,7 +21,7 @@ from flywheel.records import RecordLimits
 from flywheel.worlds.shapes.policy_config import BasePoliciesConfig
 from flywheel.worlds.shapes.config import ShapesWorldConfig
 from flywheel.worlds.shapes.oracle_config import GoldConfig, TeacherConfig, check_protocols
-from flywheel.worlds.shapes.suites import SuitesConfig
+from flywheel.worlds.shapes.suites import SplitConfig, SuitesConfig
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -536,13 +536,28 @@ class JudgmentsConfig(_Strict):
 class PreferencesConfig(_Strict):
     """Preference data for the policies, scored by the served judge (flywheel/iteration.py)."""
 
-    prompts_per_subtask: int = Field(60, ge=1, description="Fresh prompts per sub-task each iteration.")
+    prompts_per_subtask: int | dict[str, int] = Field(
+        60, description="Fresh prompts per sub-task each iteration: one count, or a map from a task ('iu': the "
+        "text policy's, 'ig': the generator's) or a sub-task to its count.")
     subtasks: list[str] = Field(
         ["iu_color", "iu_count", "iu_existence", "iu_caption", "ig_single_object", "ig_attribute_binding",
          "ig_relation"], description="Sub-tasks the policies are improved on (text policy: iu_*; generator: ig_*).")
     samples_per_prompt: int = Field(4, ge=2, description="N candidates per prompt; pairs are best vs worst.")
+    policy_temperature: float | None = Field(
+        None, gt=0, description="Sampling temperature of the text policy's candidates here (None: "
+        "policy.generation.temperature). A peaked policy gives N identical answers, which make no pair.")
     protocols: dict[str, list[str]] = Field({"iu": ["pointwise"], "ig": ["pointwise"]},
                                             description="How the served judge scores the candidates, per task.")
+
+    @model_validator(mode="after")
+    def _counts(self) -> PreferencesConfig:
+        self.suites()  # unknown sub-tasks or a count map that misses one fail at load, not mid-iteration
+        return self
+
+    def suites(self) -> SuitesConfig:
+        """The suite that draws each iteration's fresh preference prompts (no test splits)."""
+        return SuitesConfig(prompts_per_subtask=self.prompts_per_subtask, subtasks=self.subtasks,
+                            split=SplitConfig(ood_subtasks=[], ood_aspects=[], id_test_fraction=0.0))
 
 
 # ---- meta-eval (flywheel/evaluate/meta.py): Minos' perturbation checks (issue 7, flywheel/evaluate/perturbation.py)

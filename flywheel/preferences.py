@@ -43,6 +43,16 @@ def judge_config(cfg: Config, base_url: str) -> Config:
     return c
 
 
+def sampling_config(start: Config) -> Config:
+    """The config the preference prompts and the policies' candidates are made with (cfg.preferences)."""
+    c = start.model_copy(deep=True)
+    c.candidates.samples_per_prompt = start.preferences.samples_per_prompt
+    c.candidates.seeded_variants = 0  # DPO pairs are the policies' own samples, never the world's variants
+    if start.preferences.policy_temperature is not None:
+        c.policy.generation.temperature = start.preferences.policy_temperature
+    return c
+
+
 def make_preferences(start: Config, cfg: Config, p: dict[str, str], n: int, tracker, stage, res) -> dict:
     """Run the preference stages of iteration n; returns the curated manifests (dpo, image_pref, pairs)."""
     from flywheel.stages import candidates, curate, judgments, prompts
@@ -54,9 +64,7 @@ def make_preferences(start: Config, cfg: Config, p: dict[str, str], n: int, trac
         res.counts["pref_skipped_no_champion"] = 1
         return {}
     res.models["preference_judge"] = judge
-    sampling = start.model_copy(deep=True)
-    sampling.candidates.samples_per_prompt = cfg.preferences.samples_per_prompt
-    sampling.candidates.seeded_variants = 0  # DPO pairs are the policies' own samples, never the world's variants
+    sampling = sampling_config(start)
     with stage("preference-prompts"):
         prompts.run_fresh(sampling, p["pref-prompts"], seed=cfg.run.seed * 1000 + 500 + n, tracker=tracker)
     with stage("preference-candidates"):

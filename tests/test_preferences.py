@@ -91,3 +91,36 @@ def test_candidates_are_judged_through_serve_by_the_champion(pcfg, zoo):
     assert all(j["judge"].endswith("@" + version) for j in labels), labels[0]["judge"]  # lineage: the served version
     assert all(j["parse_error"] and j["score"] is None and j["raw_output"] is not None for j in labels)
     assert read_manifest(out["pairs"].path).row_count == 0  # unparsed ratings never make pairs
+
+
+def test_preference_prompts_are_counted_per_task_or_subtask(tmp_path):
+    from collections import Counter
+
+    from flywheel.stages import prompts
+
+    cfg = load_config(None, [f"run.workdir={tmp_path}", "preferences.subtasks=[iu_color, iu_count, ig_relation]",
+                             "preferences.prompts_per_subtask={iu: 3, iu_count: 5, ig: 1}"])
+    prompts.run_fresh(cfg, str(tmp_path / "pref"), seed=7)
+    assert Counter(r["subtask"] for r in read_rows(str(tmp_path / "pref"))) == {
+        "iu_color": 3, "iu_count": 5, "ig_relation": 1}  # a sub-task's own count wins over its task's
+
+
+@pytest.mark.parametrize("counts, error", [
+    ("{iu: 3}", r"no count for \['ig_relation'\]"),
+    ("{iu: 3, ig: 1, nlg: 2}", r"names \['nlg'\]"),
+    ("{iu: 0, ig: 1}", "iu_color gets 0 prompts"),
+])
+def test_a_count_map_that_misses_or_names_a_wrong_subtask_fails_at_load(counts, error):
+    with pytest.raises(ValueError, match=error):
+        load_config(None, ["preferences.subtasks=[iu_color, ig_relation]", f"preferences.prompts_per_subtask={counts}"])
+
+
+def test_policy_candidates_sample_at_the_preference_temperature():
+    from flywheel.preferences import sampling_config
+
+    cfg = load_config(None, ["policy.generation.temperature=0.7", "preferences.samples_per_prompt=6"])
+    assert sampling_config(cfg).policy.generation.temperature == 0.7  # unset: the policy's own sampling
+    hot = sampling_config(load_config(None, ["policy.generation.temperature=0.7", "preferences.policy_temperature=1.3"]))
+    assert hot.policy.generation.temperature == 1.3
+    assert sampling_config(cfg).candidates.samples_per_prompt == 6
+    assert sampling_config(cfg).candidates.seeded_variants == 0  # the policies' own samples only

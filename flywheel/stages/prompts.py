@@ -92,7 +92,7 @@ def run_split(cfg: Config, prompts_uri: str, output_uri: str, splits: tuple[str,
 
 def run_fresh(cfg: Config, output_uri: str, seed: int, tracker=None) -> Manifest:
     """Fresh prompts for the policies' preference data (cfg.preferences), drawn from a seed of their own."""
-    from flywheel.worlds.shapes.suites import SplitConfig, SuitesConfig, generate
+    from flywheel.worlds.shapes.suites import generate
 
     p = cfg.preferences
     stage_hash = f"fresh:{seed}:{cfg.stage_hash('preferences')}"
@@ -100,9 +100,7 @@ def run_fresh(cfg: Config, output_uri: str, seed: int, tracker=None) -> Manifest
     if done is not None:
         log.info("stage preference-prompts: %s is up to date; skipped", output_uri)
         return done
-    suites = SuitesConfig(prompts_per_subtask=p.prompts_per_subtask, subtasks=p.subtasks,
-                          split=SplitConfig(ood_subtasks=[], ood_aspects=[], id_test_fraction=0.0))
-    rows = list(generate(suites, cfg.world.shapes, AspectTree.load(), seed))
+    rows = list(generate(p.suites(), cfg.world.shapes, AspectTree.load(), seed))
     m = write_dataset(output_uri, "prompt", rows, config_hash=stage_hash, producer="preference-prompts",
                       limits=cfg.limits)
     log.info("stage preference-prompts: %d prompts → %s", m.row_count, output_uri)

@@ -53,7 +53,9 @@ class SplitConfig(BaseModel):
 
 class SuitesConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    prompts_per_subtask: int = Field(200, ge=1, description="Prompts generated per sub-task.")
+    prompts_per_subtask: int | dict[str, int] = Field(
+        200, description="Prompts generated per sub-task: one count for all, or a map from a task ('iu', 'ig', "
+        "...) or a sub-task name to its count (a sub-task's own entry wins over its task's).")
     subtasks: list[str] = Field(list(SUBTASKS), description="Sub-tasks to generate (names from aspects.yaml).")
     split: SplitConfig = Field(default_factory=SplitConfig, description="FRABench-style splits.")
 
@@ -65,7 +67,24 @@ class SuitesConfig(BaseModel):
         bad = set(self.split.ood_subtasks) - set(self.subtasks)
         if bad:
             raise ValueError(f"split.ood_subtasks {sorted(bad)} are not generated (not in subtasks)")
+        counts = self.prompts_per_subtask
+        if isinstance(counts, dict):
+            keys = set(self.subtasks) | {TASK_OF[s] for s in self.subtasks}
+            if set(counts) - keys:
+                raise ValueError(f"prompts_per_subtask names {sorted(set(counts) - keys)}, which are neither "
+                                 f"generated sub-tasks nor their tasks; use one of {sorted(keys)}")
+            missing = [s for s in self.subtasks if s not in counts and TASK_OF[s] not in counts]
+            if missing:
+                raise ValueError(f"prompts_per_subtask has no count for {missing} (nor for their task)")
+        for s in self.subtasks:
+            if self.count(s) < 1:
+                raise ValueError(f"prompts_per_subtask: {s} gets {self.count(s)} prompts; at least 1")
         return self
+
+    def count(self, subtask: str) -> int:
+        """Prompts generated for one sub-task."""
+        c = self.prompts_per_subtask
+        return c if isinstance(c, int) else c.get(subtask, c.get(TASK_OF[subtask], 0))
 
 
 def _png(scene: Scene, size: int) -> bytes:
@@ -197,9 +216,10 @@ def generate(suites: SuitesConfig, world: ShapesWorldConfig, tree: AspectTree, s
     for k, subtask in enumerate(suites.subtasks):
         rng = as_rng(np.random.default_rng([seed, k]))
         made = tries = 0
-        while made < suites.prompts_per_subtask:
+        want = suites.count(subtask)
+        while made < want:
             tries += 1
-            if tries > 20 * suites.prompts_per_subtask:
+            if tries > 20 * want:
                 raise RuntimeError(f"{subtask}: could not pose enough prompts; check the world config")
             row = make_prompt(subtask, rng, world)
             if row is None:
