@@ -88,13 +88,15 @@ def test_expected_rating_readout_needs_the_ratings_logprobs():
 
 
 def test_the_judge_gates_paired_test_needs_a_per_pair_accuracy():
-    cfg = load_config(None)
-    assert cfg.gate.judge_test == "mcnemar" and cfg.gate.judge_alpha == 0.05  # the default, local.yaml included
+    from flywheel.config import GateConfig
+
+    assert GateConfig().judge_test == "mcnemar" and GateConfig().judge_alpha == 0.05  # the default
+    assert load_config(None).gate.judge_test == "none"  # local.yaml: the tiny judge's gains pile up (its comment)
     for metric in ("id-test/all/pointwise/kendall_tau_b", "id-test/all/pairwise/position_bias_rate",
                    "id-test/all/pointwise/exact", "accuracy"):
         with pytest.raises(ConfigError, match=r"gate.judge_test 'mcnemar' needs a per-pair accuracy as "
                                               r"gate.judge_metric .*" + re.escape(repr(metric))):
-            load_config(None, [f"gate.judge_metric={metric}"])
+            load_config(None, [f"gate.judge_metric={metric}", "gate.judge_test=mcnemar"])
         assert load_config(None, [f"gate.judge_metric={metric}", "gate.judge_test=none"]).gate.judge_test == "none"
     for metric in ("id-test/all/pairwise/accuracy", "ood-test/task/iu/pointwise_ranking/accuracy",
                    "ood-test/task_generalization/pairwise/accuracy"):
