@@ -76,8 +76,9 @@ def test_perception_examples_degrade_images_not_answers(cfg):
     from flywheel.worlds.shapes.segment import segment
 
     world = cfg.world.shapes
-    clean = perception_examples(world, JudgeBaseConfig(degraded_share=0.0))(np.random.default_rng(3), 40)
-    blurred = perception_examples(world, JudgeBaseConfig(degraded_share=1.0))(np.random.default_rng(3), 40)
+    plain = lambda share: JudgeBaseConfig(degraded_share=share, reading_share=0)  # noqa: E731 (no reading rows)
+    clean = perception_examples(world, plain(0.0))(np.random.default_rng(3), 40)
+    blurred = perception_examples(world, plain(1.0))(np.random.default_rng(3), 40)
     assert [r["completion"] for r in clean] == [r["completion"] for r in blurred]  # same questions and answers
     assert all(r["images"][0].size == b["images"][0].size for r, b in zip(clean, blurred))
     assert all(np.abs(np.asarray(r["images"][0], float) - np.asarray(b["images"][0], float)).mean() > 0.1
@@ -89,6 +90,34 @@ def test_perception_examples_degrade_images_not_answers(cfg):
     assert same >= 34, same
     # no faults: an existence question is answered from the scene (the base policy's yes-bias is absent)
     assert {"Yes.", "No."} <= {r["completion"][0]["content"][0]["text"] for r in clean}
+
+
+def test_reading_examples_name_the_quoted_value_and_never_judge(cfg):
+    import re
+
+    import numpy as np
+
+    from flywheel.worlds.shapes.policy_data import perception_examples
+    from flywheel.worlds.shapes.vocab import number_word
+
+    world = cfg.world.shapes
+    rows = perception_examples(world, JudgeBaseConfig(reading_share=1.0))(np.random.default_rng(0), 200)
+    differ = asked_reference = 0
+    for row in rows:
+        head, _, sentence = (row["prompt"][0]["content"][0]["text"] + row["prompt"][0]["content"][2]["text"]) \
+            .partition("\n")
+        response, reference = re.search(r'the response is "(.*)", the reference answer is "(.*)"\.$', sentence).groups()
+        target = row["completion"][0]["content"][0]["text"]
+        assert not re.search(r"right|wrong|Rating", target)  # reads; never a verdict or a rating
+        quoted = reference if "reference" in head else response
+        value = re.fullmatch(r"The (?:answer|reference) says (\w+)\.", target).group(1)
+        words = set(re.findall(r"\w+", quoted.lower())) | ({number_word(0)} if "none" in quoted else set())
+        assert value in words, (quoted, target)  # the value of the quote asked about, not of the other one
+        differ += response != reference
+        asked_reference += "reference" in head
+    assert 70 <= differ <= 130 and 30 <= asked_reference <= 70  # wrong answers ~half, the reference asked ~1/4
+    none = perception_examples(world, JudgeBaseConfig(reading_share=0.0))(np.random.default_rng(0), 50)
+    assert not any("Reading" in str(r["prompt"]) for r in none)
 
 
 def test_judge_base_config_refuses_a_reversed_resolution_range():

@@ -22,7 +22,8 @@ class PolicyFaults(BaseModel):
 class JudgeBaseConfig(BaseModel):
     """The judge's starting point: the zoo Qwen2-VL taught to *see* this world, as a real flywheel starts from a
     pretrained VLM: first its vision encoder and projector (dense cell classification, `vision`), then captions and
-    questions with them frozen (`pretrain`). No judging: the flywheel teaches that from the teacher.
+    questions with them frozen (`pretrain`), a share of them asking what a quoted answer says (`reading_share`).
+    No judging: the flywheel teaches that from the teacher.
 
     Why two stages (measured 2026-11-23/24, issue 7's notes): taught through the language model alone it saw
     colours and counts but named a lone object's shape at chance (0.22, three shapes) after 3,000 steps; shape
@@ -34,6 +35,12 @@ class JudgeBaseConfig(BaseModel):
     pretrain: PolicyPretrainConfig = Field(
         default_factory=lambda: PolicyPretrainConfig(steps=3000, freeze_vision=True),
         description="SFT on fault-free captions and questions, the vision side frozen.")
+    reading_share: float = Field(
+        0.25, ge=0, le=1, description="Share of examples that ask which value a quoted answer gives, right or wrong "
+        "(policy_data.reading_example): a pretrained VLM can read, the tiny one must be taught. Measured with 600 "
+        "judge-SFT steps on a run's IU rows (bench/judge_learning.py, then bench/judge_reads_answers.py on 104 "
+        "wrong policy answers), 0 -> 0.25: the analysis names the wrong answer's own value 0.68 -> 0.93 and calls "
+        "it right 0.59 -> 0.40 (without reading rows 2,400 steps gave 0.95 and 0.31); perception 0.505 -> 0.52.")
     degraded_share: float = Field(
         0.5, ge=0, le=1, description="Share of images degraded the way a small generator draws (lower resolution, "
         "blur), so the judge can read generated images too; colours and shapes are untouched.")

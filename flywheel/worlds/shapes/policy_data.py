@@ -35,14 +35,17 @@ def _hallucinate(scene: Scene, caption: str, rng: np.random.Generator, world: Sh
     return f"{first} and {noun_phrase(1, c, s)}." + (f" {rest}" if rest else "")
 
 
-def _corrupt(q: dict, answer: str, rng: np.random.Generator, world: ShapesWorldConfig) -> str:
+def _answer(q: dict, right: bool, rng: np.random.Generator, world: ShapesWorldConfig) -> tuple[str, str]:
+    """(an answer to a colour/count/existence question, the value it gives in the judge's words), right or not."""
     if q["type"] == "colour":
-        others = [c for c in PALETTES[world.palette] if c != q["answer"]]
-        return answer.replace(q["answer"], others[rng.integers(len(others))])
+        colour = q["answer"] if right else rng.choice([c for c in PALETTES[world.palette] if c != q["answer"]])
+        return f"The {q['shape']} is {colour}.", str(colour)
     if q["type"] == "count":
-        n = int(q["answer"]) + int(rng.choice([-1, 1]) if q["answer"] else 1)
-        return f"There {'is' if n == 1 else 'are'} {number_word(n)}."
-    return answer
+        n = q["answer"] if right else q["answer"] + (int(rng.choice([-1, 1])) if q["answer"] else 1)
+        return ("There are none." if n == 0 else f"There {'is' if n == 1 else 'are'} {number_word(n)}."), \
+            number_word(n)
+    yes = q["answer"] == right
+    return ("Yes." if yes else "No."), ("yes" if yes else "no")
 
 
 def llava_example(rng: np.random.Generator, world: ShapesWorldConfig, faults: PolicyFaults) -> dict:
@@ -61,7 +64,7 @@ def llava_example(rng: np.random.Generator, world: ShapesWorldConfig, faults: Po
         if q["type"] == "existence" and not q["answer"] and rng.random() < faults.yes_bias:
             answer = "Yes."
         elif q["type"] in ("colour", "count") and rng.random() < faults.wrong_answer:
-            answer = _corrupt(q, answer, rng, world)
+            answer = _answer(q, False, rng, world)[0]
     return {
         "images": [render(scene, world.image_size)],
         "prompt": [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": question}]}],
@@ -119,12 +122,46 @@ def vision_task(world: ShapesWorldConfig, judge: JudgeBaseConfig | None = None):
     return CellTask(classes, len(classes) - 1, make)
 
 
+def reading_example(rng: np.random.Generator, world: ShapesWorldConfig) -> dict:
+    """Read a quoted answer: which value the response (or the reference beside it) gives, wrong half the time.
+
+    A pretrained VLM can quote what a text says; the tiny judge base cannot, and then copies the reference into
+    its analysis ("The answer says yellow" of an answer saying orange) until thousands of judging steps teach it
+    to read (issue 7's note). The rows use the judge's request sentence because a 2-layer model does not carry a
+    skill across phrasings. No verdict and no rating: the base still has never judged."""
+    from flywheel.judge.pointwise import INSTANCE_OUTPUT_TEXT, INSTANCE_QUERY, INSTANCE_REFERENCE_TEXT
+
+    scene, posed = sample_scene(rng, config=world), None
+    while posed is None:
+        subtask = POLICY_SUBTASKS[rng.integers(3)]
+        posed = iu_question(subtask, scene, rng, PALETTES[world.palette], world.shapes)
+    question, reference, q = posed
+    response, said = _answer(q, bool(rng.random() < 0.5), rng, world)
+    ask_reference = rng.random() < READ_REFERENCE_SHARE
+    clauses = [INSTANCE_QUERY.format(label="question", text=question), INSTANCE_OUTPUT_TEXT.format(text=response),
+               INSTANCE_REFERENCE_TEXT.format(text=reference)]
+    target = f"The reference says {_answer(q, True, rng, world)[1]}." if ask_reference else f"The answer says {said}."
+    header = f"Reading. What does the {'reference answer' if ask_reference else 'response'} say?"
+    content = [{"type": "text", "text": f"{header}\nThe input image is "}, {"type": "image"},
+               {"type": "text", "text": ", " + ", ".join(clauses) + "."}]
+    return {
+        "images": [render(scene, world.image_size)],
+        "prompt": [{"role": "user", "content": content}],
+        "completion": [{"role": "assistant", "content": [{"type": "text", "text": target}]}],
+    }
+
+
+READ_REFERENCE_SHARE = 0.25  # reading rows that ask for the reference, so the base tells the two quotes apart
+
+
 def perception_examples(world: ShapesWorldConfig, cfg: JudgeBaseConfig):
-    """Fault-free captions and questions on clean and degraded renders: perception for the judge base."""
+    """Fault-free captions and questions on clean and degraded renders: perception for the judge base; a share of
+    reading rows (cfg.reading_share, reading_example)."""
     clean = PolicyFaults(caption_hallucination=0, yes_bias=0, wrong_answer=0)
 
     def make(rng: np.random.Generator, n: int) -> list[dict]:
-        rows = [llava_example(rng, world, clean) for _ in range(n)]
+        rows = [reading_example(rng, world) if rng.random() < cfg.reading_share else llava_example(rng, world, clean)
+                for _ in range(n)]
         for row in rows:
             if rng.random() < cfg.degraded_share:
                 row["images"] = [degrade(row["images"][0], rng, cfg)]
