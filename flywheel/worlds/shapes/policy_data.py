@@ -122,6 +122,9 @@ def vision_task(world: ShapesWorldConfig, judge: JudgeBaseConfig | None = None):
     return CellTask(classes, len(classes) - 1, make)
 
 
+READ_REFERENCE_SHARE = 0.25  # reading rows that ask for the reference, so the base tells the two quotes apart
+
+
 def reading_example(rng: np.random.Generator, world: ShapesWorldConfig) -> dict:
     """Read a quoted answer: which value the response (or the reference beside it) gives, wrong half the time.
 
@@ -149,9 +152,6 @@ def reading_example(rng: np.random.Generator, world: ShapesWorldConfig) -> dict:
         "prompt": [{"role": "user", "content": content}],
         "completion": [{"role": "assistant", "content": [{"type": "text", "text": target}]}],
     }
-
-
-READ_REFERENCE_SHARE = 0.25  # reading rows that ask for the reference, so the base tells the two quotes apart
 
 
 def perception_examples(world: ShapesWorldConfig, cfg: JudgeBaseConfig):
