@@ -132,7 +132,8 @@ def reading_example(rng: np.random.Generator, world: ShapesWorldConfig) -> dict:
     its analysis ("The answer says yellow" of an answer saying orange) until thousands of judging steps teach it
     to read (issue 7's note). The rows use the judge's request sentence because a 2-layer model does not carry a
     skill across phrasings. No verdict and no rating: the base still has never judged."""
-    from flywheel.judge.pointwise import INSTANCE_OUTPUT_TEXT, INSTANCE_QUERY, INSTANCE_REFERENCE_TEXT
+    from flywheel.judge import base, pointwise
+    from flywheel.judge.guidelines import get_guideline
 
     scene, posed = sample_scene(rng, config=world), None
     while posed is None:
@@ -141,15 +142,14 @@ def reading_example(rng: np.random.Generator, world: ShapesWorldConfig) -> dict:
     question, reference, q = posed
     response, said = _answer(q, bool(rng.random() < 0.5), rng, world)
     ask_reference = rng.random() < READ_REFERENCE_SHARE
-    clauses = [INSTANCE_QUERY.format(label="question", text=question), INSTANCE_OUTPUT_TEXT.format(text=response),
-               INSTANCE_REFERENCE_TEXT.format(text=reference)]
     target = f"The reference says {_answer(q, True, rng, world)[1]}." if ask_reference else f"The answer says {said}."
     header = f"Reading. What does the {'reference answer' if ask_reference else 'response'} say?"
-    content = [{"type": "text", "text": f"{header}\nThe input image is "}, {"type": "image"},
-               {"type": "text", "text": ", " + ", ".join(clauses) + "."}]
+    image = render(scene, world.image_size)
+    sentence, _ = pointwise.instance({"images": [image], "query": question, "reference_text": reference},
+                                     {"output_text": response}, get_guideline("iu", subtask))
     return {
-        "images": [render(scene, world.image_size)],
-        "prompt": [{"role": "user", "content": content}],
+        "images": [image],
+        "prompt": [{"role": "user", "content": base.content_parts(f"{header}\n{sentence}", 1)}],
         "completion": [{"role": "assistant", "content": [{"type": "text", "text": target}]}],
     }
 
