@@ -60,8 +60,11 @@ class StageClock:
 def paths(cfg: Config, n: int) -> dict[str, str]:
     it = storage.join(cfg.storage.uri, "iterations", f"{n:03d}")
     names = ("prompts", "prompts-train", "candidates", "labels", "curated", "meta-eval", "meta-eval-baseline",
-             "meta-eval-teacher", "pref-prompts", "pref-candidates", "pref-labels", "pref-curated")
-    return {k: storage.join(it, k) for k in names} | {"gold": storage.join(cfg.storage.uri, "gold")}
+             "pref-prompts", "pref-candidates", "pref-labels", "pref-curated")
+    # One gold set serves every iteration, and the teacher is the same in each: its meta-eval sits beside the
+    # gold, so later iterations find its manifest and skip it (redone when the gold or the teacher changes).
+    shared = {k: storage.join(cfg.storage.uri, k) for k in ("gold", "meta-eval-teacher")}
+    return {k: storage.join(it, k) for k in names} | shared
 
 
 def current(cfg: Config, role: str) -> str:

@@ -201,16 +201,15 @@ class JudgeProbe:
         gold = build_gold(gcfg, prompts)["id-test"]
         self.prompts, self.candidates = gold.prompts, gold.candidates
         self.gold = {j["candidate_ids"][0]: j["score"] for j in gold.judgments if j["protocol"] == "pointwise"}
-        # The guard reads the ratings the judge writes (ties count wrong), whatever judge.rating_readout says:
-        # that is the target under which judge DPO was measured to help (local config, iteration 0: ood-test
-        # gold pairs ordered by expected ratings 0.52 -> 0.71, Pearson -0.17 -> 0.60). Scored by expected
-        # ratings, its ~100 held-out pairs refused DPO in 3 of 3 iterations (from 2-epoch SFT judges, which
-        # also lost accuracy under this guard: not a like-for-like comparison).
-        self.cfg = cfg.model_copy(deep=True)
-        self.cfg.judge.rating_readout = "text"
+        # Ratings are read as the flywheel reads them (judge.rating_readout), so the held-out target predicts the
+        # gate's metric. Measured on the four judge DPO updates of a 3-iteration local run (probe of 40 items,
+        # ~360 pairs): read from the written ratings the probe rose in each (+0.01 to +0.04) while the gate's
+        # id-test ranking by expected ratings fell (-0.039, -0.005, -0.005); read as expected ratings the probe
+        # fell or stayed flat where the gate did (0.664 -> 0.634, 0.740 -> 0.742).
+        self.cfg = cfg
         self.generation = cfg.judge.generation.model_copy(update={
             "temperature": 0.0, "max_new_tokens": heldout.max_new_tokens or cfg.judge.generation.max_new_tokens,
-            "top_logprobs": 0})
+            "top_logprobs": cfg.judge.generation.top_logprobs if cfg.judge.rating_readout == "expected" else 0})
 
     def __call__(self, model, processor) -> dict[str, float]:
         from flywheel.config import JudgmentsConfig

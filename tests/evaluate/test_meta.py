@@ -214,3 +214,25 @@ def test_perturbation_checks_count_a_random_judges_failures_as_failures(gold_uri
     assert m["perturb/image_swap/pointwise/kendall_tau_b"] != m["perturb/image_swap/pointwise/kendall_tau_b"]  # NaN
     assert m["perturb/span_swap/baseline_parse_failure_rate"] == 1.0  # no score of the original to compare with
     assert m["perturb/span_swap/lower_share"] == 0.0
+
+
+def test_teacher_meta_eval_is_shared_by_iterations_and_judged_once(gold_uri):
+    import json
+    from pathlib import Path
+
+    from flywheel.iteration import paths, with_models
+
+    c, root = gold_uri
+    # the gold and the teacher are the same in every iteration, the challenger's meta-eval is not
+    assert paths(c, 0)["meta-eval-teacher"] == paths(c, 3)["meta-eval-teacher"]
+    assert paths(c, 0)["meta-eval"] != paths(c, 1)["meta-eval"]
+    out = root / "me-teacher"
+    first = meta.run(c, str(root / "gold"), str(out), role="teacher")
+    judged = lambda: {p: p.stat().st_mtime_ns for p in [*Path(out).glob("*-test/manifest.json"),  # noqa: E731
+                                                        *Path(out).glob("perturb/*/judged/manifest.json")]}
+    written = judged()
+    # a later iteration starts from another champion judge: the teacher's meta-eval is found, not redone
+    later = meta.run(with_models(c, judge="models:/judge/7"), str(root / "gold"), str(out), role="teacher")
+    assert json.dumps(later, sort_keys=True) == json.dumps(first, sort_keys=True)
+    assert len(written) >= 3 and judged() == written  # id/ood-test and the perturbation checks: not re-judged
+    assert first["id-test"]["all/pointwise/n"] > 0
