@@ -201,11 +201,12 @@ class JudgeProbe:
         gold = build_gold(gcfg, prompts)["id-test"]
         self.prompts, self.candidates = gold.prompts, gold.candidates
         self.gold = {j["candidate_ids"][0]: j["score"] for j in gold.judgments if j["protocol"] == "pointwise"}
-        # Ratings are read as the flywheel reads them (judge.rating_readout), so the held-out target predicts the
-        # gate's metric. Measured on the four judge DPO updates of a 3-iteration local run (probe of 40 items,
-        # ~360 pairs): read from the written ratings the probe rose in each (+0.01 to +0.04) while the gate's
-        # id-test ranking by expected ratings fell (-0.039, -0.005, -0.005); read as expected ratings the probe
-        # fell or stayed flat where the gate did (0.664 -> 0.634, 0.740 -> 0.742).
+        # Ratings are read as the flywheel reads them (judge.rating_readout), so the held-out target tracks the
+        # gate's metric. Measured on the three kept judge DPO updates of a 3-iteration local run: read from the
+        # written ratings (12 prompts, ~107 pairs) the probe rose in each (+0.03, +0.04, +0.01) while the gate's
+        # id-test ranking by expected ratings fell (-0.039, -0.005, -0.005); read as expected ratings over 40
+        # prompts (~360 pairs) it fell where the gate fell most (0.664 -> 0.634), stayed flat once (0.740 ->
+        # 0.742) and rose once (0.721 -> 0.761).
         self.cfg = cfg
         self.generation = cfg.judge.generation.model_copy(update={
             "temperature": 0.0, "max_new_tokens": heldout.max_new_tokens or cfg.judge.generation.max_new_tokens,
