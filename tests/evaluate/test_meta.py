@@ -1,8 +1,10 @@
 """Meta-eval end to end on small gold sets: the noiseless oracle is perfect, a noisy teacher is not, and a
 random judge's outputs are parse failures (never scores)."""
 
+import json
 import random
 import sys
+from pathlib import Path
 
 import pytest
 import ray
@@ -10,6 +12,7 @@ import ray
 from flywheel.config import load_config
 from flywheel.engines.oracle import OracleTextEngine, gold_engine
 from flywheel.evaluate import meta
+from flywheel.iteration import paths, with_models
 from flywheel.stages import gold, prompts
 from flywheel.worlds.shapes.oracle_config import TeacherConfig
 
@@ -217,11 +220,6 @@ def test_perturbation_checks_count_a_random_judges_failures_as_failures(gold_uri
 
 
 def test_teacher_meta_eval_is_shared_by_iterations_and_judged_once(gold_uri):
-    import json
-    from pathlib import Path
-
-    from flywheel.iteration import paths, with_models
-
     c, root = gold_uri
     # the gold and the teacher are the same in every iteration, the challenger's meta-eval is not
     assert paths(c, 0)["meta-eval-teacher"] == paths(c, 3)["meta-eval-teacher"]

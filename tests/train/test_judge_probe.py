@@ -8,8 +8,9 @@ from flywheel.train.heldout_probes import JudgeProbe
 
 @pytest.mark.parametrize("readout, logprobs", [("expected", 5), ("text", 0)])
 def test_judge_dpo_guard_reads_ratings_as_the_flywheel_does(readout, logprobs):
+    # the judge's own generation asks for log-probs in both cases; the probe must only when it reads them
     cfg = load_config(REPO_ROOT / "configs" / "local.yaml",
-                      [f"judge.rating_readout={readout}", f"judge.generation.top_logprobs={logprobs or 5}"])
+                      [f"judge.rating_readout={readout}", "judge.generation.top_logprobs=5"])
     probe = JudgeProbe(cfg, cfg.train.judge_dpo.heldout, seed=0)
     # the gate and the preference stage order outputs by judge.rating_readout; a held-out target read any other
     # way rose while the gate's metric fell (heldout_probes.JudgeProbe); written ratings need no log-probs
