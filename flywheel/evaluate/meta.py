@@ -4,19 +4,22 @@ against the gold (flywheel/evaluate/metrics.py).
 Reported apart, as FRABench does: in-distribution (id-test), task generalization (ood-test items on unseen
 sub-tasks judged on seen aspects or overall) and aspect generalization (ood-test items on an unseen aspect);
 and per task category. Pairwise gold items are re-judged in both orders, so accuracy requires a verdict that
-survives the swap and the position-bias rate is measured. The judging runs as a Ray Data stage (one pure core
-over the gold judgment rows), so a 7B judge is placed on GPU actors like any labeling stage.
+survives the swap and the position-bias rate is measured.
 
-Then Minos' perturbation checks (flywheel/evaluate/perturbation.py, `meta_eval.perturbation`): perturbed copies
+With Minos' perturbation checks (flywheel/evaluate/perturbation.py, `meta_eval.perturbation`), perturbed copies
 of sampled pointwise gold items (images swapped between items; 25% of a response's word spans replaced) are
-written under <output>/perturb/<split>/ and re-judged by one more stage of the same core; their metrics join the
-split's as "perturb/...".
+written under <output>/perturb/<split>/ first; their metrics join the split's as "perturb/...".
+
+The judging runs as one Ray Data stage per judge (one pure core over the gold judgment rows of every split and
+perturbed copy), so a 7B judge is placed on GPU actors like any labeling stage and loaded once; each split's
+judged rows are then written apart (<output>/<split>, <output>/perturb/<split>/judged).
 """
 
 from __future__ import annotations
 
 import logging
 from collections import defaultdict
+from dataclasses import dataclass
 from typing import Any
 
 from flywheel import storage
@@ -27,7 +30,7 @@ from flywheel.evaluate import metric_names, perturbation
 from flywheel.evaluate.metrics import PairItem, PointItem, pair_correct, pairwise_metrics, pointwise_metrics
 from flywheel.judge import pairwise, pointwise
 from flywheel.records import config_hash
-from flywheel.stages.runner import CoreOutput, run_stage
+from flywheel.stages.runner import CoreOutput, run_stage, up_to_date
 from flywheel.worlds.shapes.teacher import make_context  # ground truth for the oracle; models ignore it
 
 log = logging.getLogger(__name__)
@@ -37,10 +40,11 @@ SPLITS = ("id-test", "ood-test")
 class MetaEvalCore:
     """Gold judgment rows in → the judge's judgment rows for the same items (pointwise once, pairwise AB and BA)."""
 
-    def __init__(self, cfg: Config, prompts_uri: str, candidates_uri: str, engine=None, role: str = "judge"):
+    def __init__(self, cfg: Config, prompts_uri: str | list[str], candidates_uri: str | list[str], engine=None,
+                 role: str = "judge"):
         self.engine = engine or make_text_engine(cfg, role)
-        self.prompts = {r["prompt_id"]: r for r in read_dataset(prompts_uri, "prompt")[0].to_pylist()}
-        self.candidates = {r["candidate_id"]: r for r in read_dataset(candidates_uri, "candidate")[0].to_pylist()}
+        self.prompts = _by_id(prompts_uri, "prompt")
+        self.candidates = _by_id(candidates_uri, "candidate")
         self.judge = f"{self.engine.name}@{self.engine.version}"
         self.style = cfg.judge.prompt_style
         self.readout = cfg.judge.rating_readout
@@ -76,6 +80,11 @@ class MetaEvalCore:
                              "protocol": g["protocol"], "aspect": g["aspect"], "order": order, "sample_k": 0,
                              "raw_output": res.text, **fields})
         return out
+
+
+def _by_id(uris: str | list[str], kind: str) -> dict[str, dict]:
+    uris = [uris] if isinstance(uris, str) else uris
+    return {r[f"{kind}_id"]: r for uri in uris for r in read_dataset(uri, kind)[0].to_pylist()}
 
 
 def _key(row: dict) -> tuple:
@@ -182,7 +191,7 @@ def stored_outcomes(cfg: Config, gold_uri: str, output_uri: str, metric: str) ->
     try:
         table, manifest = read_dataset(judged_uri)
         gold_hashes = [read_manifest(uri).content_hash for uri in _inputs(base)]
-        if [u.content_hash for u in manifest.upstream] != gold_hashes:
+        if [u.content_hash for u in manifest.upstream][:len(gold_hashes)] != gold_hashes:  # then the combined stage's
             raise OutcomesUnavailable(f"the gold at {base} changed since {judged_uri} was judged")
         gold, prompts = _gold(base)
     except (FileNotFoundError, ManifestMismatch) as e:  # FileNotFoundError covers a missing manifest
@@ -201,11 +210,18 @@ def _scores(gold: list[dict], judged: list[dict]) -> dict[str, float | None]:
     return out
 
 
-def perturbation_checks(cfg: Config, split: str, gold_base: str, output_uri: str, gold: list[dict],
-                        judged: list[dict], prompts: dict[str, dict], engine_factory, role: str) -> dict[str, float]:
-    """Minos' perturbation checks on one split: write the perturbed items under <output_uri>/perturb/<split>/
-    (prompts, candidates, gold: the original's gold score on each perturbed item), re-judge them with the same
-    core and compare with the gold and with the judge's own unperturbed judgments (`judged`)."""
+@dataclass
+class _Part:
+    """One set of gold items a meta-eval judges: a split's, or its perturbed copies'."""
+    name: str
+    inputs: list[str]  # gold judgments, prompts, candidates
+    output: str  # where its judged rows go
+
+
+def write_perturbed(cfg: Config, split: str, gold_base: str, output_uri: str, gold: list[dict],
+                    prompts: dict[str, dict]) -> tuple[perturbation.PerturbedSet, _Part]:
+    """Minos' perturbation checks on one split, first half: write the perturbed items under
+    <output_uri>/perturb/<split>/ (prompts, candidates, gold: the original's gold score on each perturbed item)."""
     pcfg = cfg.meta_eval.perturbation
     cands_table, cands_m = read_dataset(storage.join(gold_base, "candidates"), "candidate")
     candidates = {c["candidate_id"]: c for c in cands_table.to_pylist()}
@@ -221,15 +237,16 @@ def perturbation_checks(cfg: Config, split: str, gold_base: str, output_uri: str
     n = {c: sum(i.check == c for i in ps.items) for c in perturbation.CHECKS}
     log.info("meta-eval %s perturbation checks: %d image-swapped, %d span-replaced items (%s skipped) → %s", split,
              n[perturbation.IMAGE_SWAP], n[perturbation.SPAN_SWAP], dict(ps.skipped) or "none", root)
+    return ps, _Part(f"perturb-{split}", [uri["gold"], uri["prompts"], uri["candidates"]], uri["judged"])
+
+
+def score_perturbed(split: str, ps: perturbation.PerturbedSet, judged: list[dict],
+                    perturbed_judged: list[dict]) -> dict[str, float]:
+    """Second half: compare the judge's judgments of the perturbed items with the gold and with its own
+    judgments of the originals (`judged`)."""
     if not ps.items:  # metrics still reported, as n 0 and NaN
         return {f"perturb/{k}": v for k, v in perturbation.score(ps, {}, {}).items()}
-    run_stage(f"meta-eval-perturb-{split}", inputs=[uri["gold"], uri["prompts"], uri["candidates"]],
-              output=uri["judged"], kind="judgment",
-              core_factory=lambda: MetaEvalCore(cfg, uri["prompts"], uri["candidates"], engine_factory(), role),
-              resources=cfg.resources.labeling, batch_size=cfg.judgments.batch_size,
-              stage_hash=cfg.stage_hash(f"meta-eval-{role}"), limits=cfg.limits, tracker=None)
-    after = read_dataset(uri["judged"])[0].to_pylist()
-    out = perturbation.score(ps, _scores([i.original for i in ps.items], judged), _scores(ps.gold, after))
+    out = perturbation.score(ps, _scores([i.original for i in ps.items], judged), _scores(ps.gold, perturbed_judged))
     g = lambda k: out.get(k, float("nan"))  # noqa: E731
     log.info("meta-eval %s perturbation: image swap Kendall tau-b %.3f → %.3f (drop %.3f, n=%d); span swap "
              "scored lower %.1f%%, equal %.1f%%, higher %.1f%%, failed %.1f%% (n=%d)", split,
@@ -241,35 +258,67 @@ def perturbation_checks(cfg: Config, split: str, gold_base: str, output_uri: str
     return {f"perturb/{k}": v for k, v in out.items()}
 
 
+def judge_parts(cfg: Config, parts: list[_Part], output_uri: str, role: str, engine_factory) -> dict[str, list]:
+    """Judge every part's gold items in one Ray Data stage (`meta-eval-<role>`, output <output_uri>/judged), then
+    write each part's judged rows to its own output, upstream its gold inputs and the combined output. Why one
+    stage: each stage starts its actors and loads the judge again, ~8 s here, which four stages per judge (two
+    splits, each with its perturbed copies) paid four times. Returns part name -> its judged rows."""
+    stage_hash = cfg.stage_hash(f"meta-eval-{role}")
+    gold_rows = [g for part in parts for g in read_dataset(part.inputs[0], "judgment")[0].to_pylist()]
+    todo = storage.join(output_uri, "to-judge")
+    write_dataset(todo, "judgment", gold_rows, config_hash=stage_hash, producer=f"meta-eval-{role}",
+                  upstream=[read_manifest(u) for part in parts for u in part.inputs], limits=cfg.limits)
+    prompts, candidates = [p.inputs[1] for p in parts], [p.inputs[2] for p in parts]
+    judged_uri = storage.join(output_uri, "judged")
+    combined = run_stage(f"meta-eval-{role}", inputs=[todo, *prompts, *candidates], output=judged_uri,
+                         kind="judgment", resources=cfg.resources.labeling, batch_size=cfg.judgments.batch_size,
+                         core_factory=lambda: MetaEvalCore(cfg, prompts, candidates, engine_factory(), role),
+                         stage_hash=stage_hash, limits=cfg.limits, tracker=None).manifest
+    judged = read_dataset(judged_uri)[0].to_pylist()
+    out = {}
+    for part in parts:
+        upstream = [*(read_manifest(u) for u in part.inputs), combined]
+        keys = {_key(g) for g in read_dataset(part.inputs[0], "judgment")[0].to_pylist()}
+        out[part.name] = [j for j in judged if _key(j) in keys]
+        if up_to_date(part.output, stage_hash, upstream) is None:
+            write_dataset(part.output, "judgment", out[part.name], config_hash=stage_hash,
+                          producer=f"meta-eval-{role}-{part.name}", upstream=upstream, limits=cfg.limits)
+    return out
+
+
 def run(cfg: Config, gold_uri: str, output_uri: str, role: str = "judge", engine_factory=None,
         tracker: Any = None) -> dict[str, dict[str, float]]:
-    """Re-judge each split's gold items with the `role` engine and score them; returns split -> metrics."""
+    """Re-judge each split's gold items (and their perturbed copies) with the `role` engine and score them; returns
+    split -> metrics. Each split's judged rows are at <output_uri>/<split>, its perturbed ones' at
+    <output_uri>/perturb/<split>/judged."""
     results: dict[str, dict[str, float]] = {}
     split_cfg = cfg.world.suites.split
+    unseen, ood = set(split_cfg.ood_aspects), set(split_cfg.ood_subtasks)
+    perturb = cfg.meta_eval.perturbation.enabled and "pointwise" in cfg.meta_eval.protocols  # pointwise items only
+    parts: list[_Part] = []
+    splits: dict[str, tuple] = {}
     for split in SPLITS:
         base = storage.join(gold_uri, split)
         if not storage.exists(storage.join(base, "judgments", "manifest.json")):
             log.info("meta-eval: no gold for %s at %s; skipped", split, base)
             continue
-        inputs = _inputs(base)
-        _, prompts_uri, cands_uri = inputs
-        factory = engine_factory or (lambda: None)
-        out_uri = storage.join(output_uri, split)
-        run_stage(f"meta-eval-{split}", inputs=inputs, output=out_uri, kind="judgment",
-                  core_factory=lambda: MetaEvalCore(cfg, prompts_uri, cands_uri, factory(), role),
-                  resources=cfg.resources.labeling, batch_size=cfg.judgments.batch_size,
-                  stage_hash=cfg.stage_hash(f"meta-eval-{role}"), limits=cfg.limits, tracker=None)
         gold, prompts = _gold(base)
-        judged = read_dataset(out_uri)[0].to_pylist()
-        results[split] = score_split(gold, judged, prompts, set(split_cfg.ood_aspects), set(split_cfg.ood_subtasks),
-                                     tuple(cfg.meta_eval.protocols))
+        parts.append(_Part(split, _inputs(base), storage.join(output_uri, split)))
+        ps = None
+        if perturb:
+            ps, part = write_perturbed(cfg, split, base, output_uri, gold, prompts)
+            if ps.items:
+                parts.append(part)
+        splits[split] = gold, prompts, ps
+    judged = judge_parts(cfg, parts, output_uri, role, engine_factory or (lambda: None)) if parts else {}
+    for split, (gold, prompts, ps) in splits.items():
+        results[split] = score_split(gold, judged[split], prompts, unseen, ood, tuple(cfg.meta_eval.protocols))
         log.info("meta-eval %s: ranking accuracy %.3f, pairwise accuracy %.3f, Kendall tau-b %.3f", split,
                  results[split].get("all/pointwise_ranking/accuracy", float("nan")),
                  results[split].get("all/pairwise/accuracy", float("nan")),
                  results[split].get("all/pointwise/kendall_tau_b", float("nan")))
-        if cfg.meta_eval.perturbation.enabled and "pointwise" in cfg.meta_eval.protocols:  # pointwise items only
-            results[split] |= perturbation_checks(cfg, split, base, output_uri, gold, judged, prompts, factory,
-                                                  role)
+        if ps is not None:
+            results[split] |= score_perturbed(split, ps, judged[split], judged.get(f"perturb-{split}", []))
     if tracker is not None:
         import mlflow
 

@@ -114,7 +114,8 @@ def _samples(output: str, manifest: Manifest, parts: int = 4) -> list[dict]:
     return [r for k in picked for r in read_data_file(output, names[k], manifest.kind).to_pylist()]
 
 
-def _up_to_date(output: str, stage_hash: str, upstream: list[Manifest]) -> Manifest | None:
+def up_to_date(output: str, stage_hash: str, upstream: list[Manifest]) -> Manifest | None:
+    """The manifest at `output` if it was written with `stage_hash` from exactly `upstream` (by content), else None."""
     try:
         m = read_manifest(output)
     except MissingManifest:
@@ -145,7 +146,7 @@ def run_stage(
     # each input verified once, streaming (never held whole); the first is the stage's input, read by the actors
     source, file_rows = verify_dataset_files(inputs[0])
     upstream = [source, *(verify_dataset(uri) for uri in inputs[1:])]
-    done = _up_to_date(output, stage_hash, upstream)
+    done = up_to_date(output, stage_hash, upstream)
     if done is not None:
         log.info("stage %s: %s is up to date (%d rows); skipped", name, output, done.row_count)
         return StageResult(done, skipped=True, rows_in=upstream[0].row_count if upstream else 0, seconds=0.0)

@@ -209,6 +209,37 @@ def test_perturbation_checks_run_as_a_stage_and_report_next_to_the_split(gold_ur
     assert m["perturb/span_swap/parse_failure_rate"] == 0.0
 
 
+def test_one_stage_judges_both_splits_and_their_perturbed_copies(gold_uri, monkeypatch):
+    from flywheel.datasets import read_dataset
+
+    c, root = gold_uri
+    stages = []
+    real = meta.run_stage
+    monkeypatch.setattr(meta, "run_stage", lambda name, **kw: stages.append(name) or real(name, **kw))  # a spy
+    out = root / "me-one-stage"
+    meta.run(c, str(root / "gold"), str(out), engine_factory=lambda: gold_engine(c.world.shapes))
+    assert stages == ["meta-eval-judge"]  # the actors start and load the judge once, not once per part
+    combined = read_dataset(str(out / "judged"))[0].to_pylist()
+    parts = {"id-test": out / "id-test", "ood-test": out / "ood-test",
+             "perturb-id-test": out / "perturb" / "id-test" / "judged",
+             "perturb-ood-test": out / "perturb" / "ood-test" / "judged"}
+    gold_of = {"id-test": root / "gold" / "id-test" / "judgments", "ood-test": root / "gold" / "ood-test" / "judgments",
+               "perturb-id-test": out / "perturb" / "id-test" / "gold",
+               "perturb-ood-test": out / "perturb" / "ood-test" / "gold"}
+    if not read_dataset(str(gold_of["perturb-ood-test"]))[0].num_rows:  # too few ood items here to perturb
+        del parts["perturb-ood-test"]
+    assert "perturb-id-test" in parts
+    seen = 0
+    for name, where in parts.items():
+        rows, manifest = read_dataset(str(where))
+        keys = {meta._key(g) for g in read_dataset(str(gold_of[name]))[0].to_pylist()}
+        assert rows.num_rows > 0 and {meta._key(r) for r in rows.to_pylist()} <= keys  # its own items only
+        assert manifest.upstream[0].path == str(gold_of[name])  # its gold leads its upstream (stored_outcomes)
+        assert manifest.upstream[-1].path == str(out / "judged")
+        seen += rows.num_rows
+    assert seen == len(combined)  # every judged row went to exactly one part
+
+
 def test_perturbation_checks_count_a_random_judges_failures_as_failures(gold_uri):
     c, root = gold_uri
     res = meta.run(c, str(root / "gold"), str(root / "me-zoo"))  # reuses the zoo test's outputs when present
@@ -227,10 +258,11 @@ def test_teacher_meta_eval_is_shared_by_iterations_and_judged_once(gold_uri):
     out = root / "me-teacher"
     first = meta.run(c, str(root / "gold"), str(out), role="teacher")
     judged = lambda: {p: p.stat().st_mtime_ns for p in [*Path(out).glob("*-test/manifest.json"),  # noqa: E731
-                                                        *Path(out).glob("perturb/*/judged/manifest.json")]}
+                                                        *Path(out).glob("perturb/*/judged/manifest.json"),
+                                                        *Path(out).glob("judged/manifest.json")]}
     written = judged()
     # a later iteration starts from another champion judge: the teacher's meta-eval is found, not redone
     later = meta.run(with_models(c, judge="models:/judge/7"), str(root / "gold"), str(out), role="teacher")
     assert json.dumps(later, sort_keys=True) == json.dumps(first, sort_keys=True)
-    assert len(written) >= 3 and judged() == written  # id/ood-test and the perturbation checks: not re-judged
+    assert len(written) >= 4 and judged() == written  # the stage's output and its parts: not re-judged
     assert first["id-test"]["all/pointwise/n"] > 0

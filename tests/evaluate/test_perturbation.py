@@ -42,7 +42,7 @@ def perturbed(gold_set):
 
 
 def _judge(c, tmp, gold_set, ps, engine) -> dict[str, float]:
-    """What meta.perturbation_checks does, with the core called directly instead of through a Ray stage."""
+    """What meta.write_perturbed, judge_parts and score_perturbed do, with the core called directly instead of through a Ray stage."""
     _, gold, prompts, cands = gold_set
     write_dataset(str(tmp / "p"), "prompt", [*prompts.values(), *ps.prompts], config_hash="t", producer="test")
     write_dataset(str(tmp / "c"), "candidate", [*cands.values(), *ps.candidates], config_hash="t", producer="test")
