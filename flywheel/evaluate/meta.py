@@ -191,7 +191,8 @@ def stored_outcomes(cfg: Config, gold_uri: str, output_uri: str, metric: str) ->
     try:
         table, manifest = read_dataset(judged_uri)
         gold_hashes = [read_manifest(uri).content_hash for uri in _inputs(base)]
-        if [u.content_hash for u in manifest.upstream][:len(gold_hashes)] != gold_hashes:  # then the combined stage's
+        # the gold's three manifests lead the judged rows' upstream (judge_parts adds the combined stage's output)
+        if [u.content_hash for u in manifest.upstream][:len(gold_hashes)] != gold_hashes:
             raise OutcomesUnavailable(f"the gold at {base} changed since {judged_uri} was judged")
         gold, prompts = _gold(base)
     except (FileNotFoundError, ManifestMismatch) as e:  # FileNotFoundError covers a missing manifest
