@@ -10,8 +10,9 @@ model-loss side and its two medians are averaged.
 
     .venv/bin/python bench/sft_loss_path.py [--steps 60] [--data <curated sft dir>] [--model <checkpoint>]
 
-Without --data it trains on a synthetic SFT set and the zoo judge (small rows: the ratio is closer to 1); the
-number in the module's docstring was measured on a local run's iteration-0 curated set and the world judge base.
+Without --data it trains on a synthetic SFT set and the zoo judge (measured: 0.0709 against 0.1085 s/step,
+ratio 0.65, 10 steps). flywheel.train.sft's 0.28 / 0.21 s were measured on a local run's iteration-0 curated
+set and the world judge base (ratio 0.66, 60 steps).
 """
 from __future__ import annotations
 
