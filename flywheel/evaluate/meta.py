@@ -265,10 +265,13 @@ def judge_parts(cfg: Config, parts: list[_Part], output_uri: str, role: str, eng
     stage: each stage starts its actors and loads the judge again, ~8 s here, which four stages per judge (two
     splits, each with its perturbed copies) paid four times. Returns part name -> its judged rows."""
     stage_hash = cfg.stage_hash(f"meta-eval-{role}")
-    gold_rows = [g for part in parts for g in read_dataset(part.inputs[0], "judgment")[0].to_pylist()]
+    gold = {part.name: read_dataset(part.inputs[0], "judgment")[0].to_pylist() for part in parts}
+    inputs = {part.name: [read_manifest(u) for u in part.inputs] for part in parts}
     todo = storage.join(output_uri, "to-judge")
-    write_dataset(todo, "judgment", gold_rows, config_hash=stage_hash, producer=f"meta-eval-{role}",
-                  upstream=[read_manifest(u) for part in parts for u in part.inputs], limits=cfg.limits)
+    todo_upstream = [m for part in parts for m in inputs[part.name]]
+    if up_to_date(todo, stage_hash, todo_upstream) is None:  # its rows are its upstream's: same hashes, same rows
+        write_dataset(todo, "judgment", [g for part in parts for g in gold[part.name]], config_hash=stage_hash,
+                      producer=f"meta-eval-{role}", upstream=todo_upstream, limits=cfg.limits)
     prompts, candidates = [p.inputs[1] for p in parts], [p.inputs[2] for p in parts]
     judged_uri = storage.join(output_uri, "judged")
     combined = run_stage(f"meta-eval-{role}", inputs=[todo, *prompts, *candidates], output=judged_uri,
@@ -278,8 +281,8 @@ def judge_parts(cfg: Config, parts: list[_Part], output_uri: str, role: str, eng
     judged = read_dataset(judged_uri)[0].to_pylist()
     out = {}
     for part in parts:
-        upstream = [*(read_manifest(u) for u in part.inputs), combined]
-        keys = {_key(g) for g in read_dataset(part.inputs[0], "judgment")[0].to_pylist()}
+        upstream = [*inputs[part.name], combined]
+        keys = {_key(g) for g in gold[part.name]}
         out[part.name] = [j for j in judged if _key(j) in keys]
         if up_to_date(part.output, stage_hash, upstream) is None:
             write_dataset(part.output, "judgment", out[part.name], config_hash=stage_hash,
