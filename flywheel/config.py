@@ -50,6 +50,11 @@ class RayConfig(_Strict):
         None, description="Ray cluster address; null starts an embedded Ray inside the driver (`ray.init()`)."
     )
     num_cpus: int | None = Field(None, ge=1, description="CPUs for an embedded Ray; null lets Ray detect them.")
+    train_poll_interval_s: float | None = Field(
+        None, gt=0, description="How often Ray Train's controller polls its workers "
+        "(RAY_TRAIN_HEALTH_CHECK_INTERVAL_S); it also bounds how soon a finished training is noticed and torn "
+        "down. null keeps Ray's default (2 s).",
+    )
 
 
 class StorageConfig(_Strict):

@@ -20,6 +20,7 @@ import json
 import logging
 import os
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -103,6 +104,29 @@ def torch_config(res: StageResources):
     return TorchConfig() if ray.get(probe.remote()) else TorchConfig(backend="gloo")
 
 
+def ray_train_env(cfg: Config) -> dict[str, str]:
+    """The configured Ray Train controller settings, as the environment variables Ray Train reads."""
+    if cfg.ray.train_poll_interval_s is None:
+        return {}
+    return {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": str(cfg.ray.train_poll_interval_s)}
+
+
+@contextmanager
+def driver_env(env: dict[str, str]):
+    """Set `env` in this (driver) process while a run starts: Ray Train reads its settings from the driver's
+    environment when `fit()` starts the controller, and hands them on to the controller and the workers."""
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 def worker_main(job: dict) -> None:
     """The function every Ray Train worker runs: dispatch to the training, handle the guard's stop."""
     import torch
@@ -173,7 +197,8 @@ def launch(cfg: Config, job: TrainJob, run_name: str, local_dir: str) -> LaunchR
     seen = len(read_journal(cfg, run_name))
     failure: Exception | None = None
     try:
-        result = trainer.fit()
+        with driver_env(ray_train_env(cfg)):
+            result = trainer.fit()
         checkpoint = result.checkpoint
     except Exception as e:  # see below: the journal may show the run had in fact finished or stopped cleanly
         failure, checkpoint = e, None

@@ -44,7 +44,7 @@ def model_loss_trainer(base_cls):
     TRL's entropy and token-accuracy metrics taken from the logits. Used off a GPU: TRL's fused LM head projects
     only the labelled positions on a Triton device and every position elsewhere, which on the local judge SFT
     (16 rows of ~225 tokens, a fifth of them labelled; vocabulary 1,024) cost 0.28 s per step against 0.21 for
-    the same losses (bench/sft_loss_path.py). A GPU keeps TRL's head, which never builds the full logits."""
+    the same losses (bench/loss_paths.py). A GPU keeps TRL's head, which never builds the full logits."""
     from transformers import Trainer
 
     class ModelLossTrainer(base_cls):

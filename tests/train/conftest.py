@@ -15,6 +15,8 @@ BASE_OVERRIDES = [
     "train.diffusion_dpo.max_steps=4", "train.diffusion_dpo.batch_size=4",
     # held-out evaluation is tested on its own (test_policy_updates.py); the plumbing tests train blind
     "train.judge_dpo.heldout=null", "train.policy_dpo.heldout=null", "train.diffusion_dpo.heldout=null",
+    # Ray Train's controller notices a finished run at its next poll; tiny test runs finish in a few seconds
+    "ray.train_poll_interval_s=0.2",
 ]
 
 
@@ -29,11 +31,8 @@ def ray_local():
     from private_ray import init_private_ray
 
     started = not ray.is_initialized()
-    saved = {k: os.environ.get(k) for k in ("RAY_ADDRESS", "RAY_GCS_SERVER_PORT", "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S")}
+    saved = {k: os.environ.get(k) for k in ("RAY_ADDRESS", "RAY_GCS_SERVER_PORT")}
     if started:
-        # Ray Train's controller polls its workers every 2 s; tiny test runs finish in about that, so poll faster
-        # (Ray Train passes this variable on from the driver to its controller).
-        os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")
         init_private_ray(num_cpus=2)
     yield
     if started:

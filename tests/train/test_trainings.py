@@ -63,13 +63,13 @@ def killed_run(ray_local, overrides, make_cfg, datasets, tmp_path_factory):
 
     cfg = make_cfg(*SFT_SETTINGS)
     run_name = "resume-killed"
-    spec = {"overrides": overrides(*SFT_SETTINGS), "training": "judge_sft", "data": datasets["sft"],
-            "run_name": run_name}
+    # polled every 0.1 s: checkpoints are committed promptly
+    spec = {"overrides": overrides(*SFT_SETTINGS, "ray.train_poll_interval_s=0.1"), "training": "judge_sft",
+            "data": datasets["sft"], "run_name": run_name}
     log_path = tmp_path_factory.mktemp("killed") / "killed.log"
-    env = {**os.environ, "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.1"}  # commit checkpoints promptly
     with open(log_path, "w") as log:
         proc = subprocess.Popen([sys.executable, str(HERE / "run_training.py"), json.dumps(spec)], stdout=log,
-                                stderr=subprocess.STDOUT, env=env, start_new_session=True)
+                                stderr=subprocess.STDOUT, start_new_session=True)
     state: dict = {"run_name": run_name, "log_path": log_path}
 
     def watch():

@@ -1,0 +1,32 @@
+"""Ray Train's controller settings from the config reach Ray Train (which reads them from the driver's environment
+when a run starts) and do not outlive the start."""
+
+from __future__ import annotations
+
+import os
+
+from ray.train.v2._internal.constants import get_env_vars_to_propagate
+
+from flywheel.config import REPO_ROOT, load_config
+from flywheel.train.launcher import driver_env, ray_train_env
+
+POLL = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"
+LOCAL = REPO_ROOT / "configs" / "local.yaml"
+
+
+def test_poll_interval_is_handed_to_ray_train_while_a_run_starts(monkeypatch, tmp_path):
+    cfg = load_config(LOCAL, [f"run.workdir={tmp_path}", "ray.train_poll_interval_s=0.3"])
+    monkeypatch.delenv(POLL, raising=False)
+    with driver_env(ray_train_env(cfg)):
+        assert get_env_vars_to_propagate()[POLL] == "0.3"  # what Ray Train passes to its controller and workers
+    assert POLL not in os.environ
+
+    monkeypatch.setenv(POLL, "7")  # the config wins while the run starts; the user's own value comes back
+    with driver_env(ray_train_env(cfg)):
+        assert os.environ[POLL] == "0.3"
+    assert os.environ[POLL] == "7"
+
+
+def test_unset_poll_interval_leaves_ray_train_its_default_or_the_users(tmp_path):
+    cfg = load_config(LOCAL, [f"run.workdir={tmp_path}", "ray.train_poll_interval_s=null"])
+    assert ray_train_env(cfg) == {}
