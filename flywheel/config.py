@@ -252,11 +252,6 @@ class SFTTrainingConfig(TrainingOverrides):
     completion_only_loss: bool = Field(
         True, description="Loss on the final assistant turn only (the judge's analysis and rating), not on the "
         "prompt; false trains on every token of the conversation.")
-    cache_collated_rows: bool = Field(
-        False, description="Collate each row once and build later epochs' batches from the kept tensors "
-        "(flywheel/train/collate.py): the same batches, without re-rendering, re-tokenizing and re-resizing; "
-        "costs the worker's memory for every row's tokens and each distinct image's tensors. Worth it over "
-        "several epochs when the collator runs between steps, as off a GPU.")
 
 
 # ---- policy updates that cannot silently go wrong (issue 8): held-out evaluation, early stopping, the guard,
@@ -479,7 +474,6 @@ class ResolvedTraining(BaseModel):
     group_by_length: bool = Field(False, description="Batch rows of similar length.")
     freeze_vision: bool = Field(False, description="Keep the vision encoder and projector fixed (VLMs).")
     completion_only_loss: bool | None = Field(None, description="SFT only.")
-    cache_collated_rows: bool = Field(False, description="SFT only: collate each row once.")
     beta: float | None = Field(None, description="DPO / Diffusion-DPO beta.")
     loss_type: list[str] | None = Field(None, description="DPO only.")
     loss_weights: list[float] | None = Field(None, description="DPO only.")

@@ -12,7 +12,6 @@ from collections import Counter
 import torch
 
 from flywheel.train import hf
-from flywheel.train.collate import RowCache
 from flywheel.train.data import read_training_data, sft_rows, to_hf_dataset
 from flywheel.train.guards import NonFiniteGuard
 
@@ -35,11 +34,8 @@ def build_trainer(model, processor, dataset, settings, output_dir: str, seed: in
     fused = hf.on_gpu() if fused_head is None else fused_head
     base = SFTTrainer if fused else model_loss_trainer(SFTTrainer)
     cls = hf.length_grouped_trainer(base) if bare else hf.flywheel_trainer(base)
-    trainer = cls(model=model, args=args, train_dataset=dataset, processing_class=processor,
-                  peft_config=peft_config, callbacks=list(callbacks))
-    if settings.cache_collated_rows:
-        trainer.data_collator = RowCache(trainer.data_collator)
-    return trainer
+    return cls(model=model, args=args, train_dataset=dataset, processing_class=processor,
+               peft_config=peft_config, callbacks=list(callbacks))
 
 
 def model_loss_trainer(base_cls):
