@@ -113,8 +113,9 @@ def ray_train_env(cfg: Config) -> dict[str, str]:
 
 @contextmanager
 def driver_env(env: dict[str, str]):
-    """Set `env` in this (driver) process while a run starts: Ray Train reads its settings from the driver's
-    environment when `fit()` starts the controller, and hands them on to the controller and the workers."""
+    """Set `env` in this (driver) process for the duration of a `fit()`, then restore what was there: Ray Train
+    reads its settings from the driver's environment when `fit()` starts the controller, and hands them on to
+    the controller and the workers."""
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:
