@@ -88,6 +88,9 @@ class ZooConfig(_Strict):
     vocab_size: int = Field(1024, ge=300, description="Target vocabulary of the locally trained byte-level BPE.")
     text_hidden: int = Field(128, description="Hidden size of the judge's and policy's language models.")
     text_layers: int = Field(2, description="Decoder layers of the judge's and policy's language models.")
+    judge_text_layers: int | None = Field(
+        None, ge=1, description="Decoder layers of the judge's language model alone; null uses text_layers. "
+        "The judge compares what it reads with what it sees, which may need more depth than the policy.")
     text_heads: int = Field(4, description="Attention heads; hidden/heads must be ≥ 32 for vLLM's CPU attention.")
     vision_hidden: int = Field(64, description="Width of the tiny vision towers.")
     vision_layers: int = Field(2, description="Depth of the tiny vision towers.")

@@ -62,8 +62,11 @@ def zoo_root(cfg: Config) -> Path:
 
 
 def spec_hash(zoo: ZooConfig, seed: int, name: str) -> str:
-    # Only the judge reads judge_image_size: leaving it out of the others' hash keeps their caches valid.
-    sizes = zoo.model_dump(mode="json", exclude=None if name == "judge" else {"judge_image_size"})
+    # Only the judge reads the judge_* sizes: leaving them out of the others' hash keeps their caches valid, and
+    # an unset judge_text_layers is left out of the judge's so that judges built before it existed stay valid.
+    judge_only = {"judge_image_size", "judge_text_layers"}
+    exclude = ({"judge_text_layers"} if zoo.judge_text_layers is None else set()) if name == "judge" else judge_only
+    sizes = zoo.model_dump(mode="json", exclude=exclude)
     blob = json.dumps({"zoo": sizes, "seed": seed, "version": ZOO_VERSIONS[name]}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
@@ -171,8 +174,8 @@ def build_judge(z: ZooConfig, out: Path) -> None:
     config = Qwen2VLConfig(
         text_config=dict(
             vocab_size=len(tok), hidden_size=z.text_hidden, intermediate_size=2 * z.text_hidden,
-            num_hidden_layers=z.text_layers, num_attention_heads=z.text_heads, num_key_value_heads=z.text_heads,
-            max_position_embeddings=4096, rope_scaling={"type": "mrope", "mrope_section": mrope},
+            num_hidden_layers=z.judge_text_layers or z.text_layers, num_attention_heads=z.text_heads,
+            num_key_value_heads=z.text_heads, max_position_embeddings=4096, rope_scaling={"type": "mrope", "mrope_section": mrope},
             tie_word_embeddings=True, bos_token_id=None, eos_token_id=ids["<|im_end|>"],
             pad_token_id=ids["<|endoftext|>"],
         ),

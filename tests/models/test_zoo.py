@@ -152,3 +152,23 @@ def test_judge_pixel_budget_only_renames_the_judge(tmp_path):
     b = load_config(None, [f"run.workdir={tmp_path}", "models.zoo.judge_image_size=112"])
     assert zoo_path(a, "judge") != zoo_path(b, "judge")
     assert zoo_path(a, "policy") == zoo_path(b, "policy") and zoo_path(a, "generator") == zoo_path(b, "generator")
+
+
+def test_judge_depth_is_its_own_and_renames_only_the_judge(tmp_path):
+    """models.zoo.judge_text_layers deepens the judge's language model alone. Unset, the judge's cache key is what
+    it was before the field existed (cached judges and the bases trained from them stay valid)."""
+    import json
+
+    from flywheel.models.zoo import ZOO_VERSIONS, build_judge, zoo_path
+
+    unset = load_config(None, [f"run.workdir={tmp_path}"])
+    deep = load_config(None, [f"run.workdir={tmp_path}", "models.zoo.judge_text_layers=3"])
+    assert zoo_path(unset, "judge") != zoo_path(deep, "judge")
+    assert all(zoo_path(unset, n) == zoo_path(deep, n) for n in ("policy", "generator"))
+    sizes = unset.models.zoo.model_dump(mode="json", exclude={"judge_text_layers"})
+    blob = json.dumps({"zoo": sizes, "seed": unset.run.seed, "version": ZOO_VERSIONS["judge"]}, sort_keys=True)
+    assert zoo_path(unset, "judge").name == f"judge-{hashlib.sha256(blob.encode()).hexdigest()[:12]}"
+
+    build_judge(deep.models.zoo, tmp_path / "deep")
+    cfg = json.loads((tmp_path / "deep" / "config.json").read_text())
+    assert cfg["text_config"]["num_hidden_layers"] == 3 != unset.models.zoo.text_layers
