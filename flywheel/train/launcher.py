@@ -105,10 +105,15 @@ def torch_config(res: StageResources):
 
 
 def ray_train_env(cfg: Config) -> dict[str, str]:
-    """The configured Ray Train controller settings, as the environment variables Ray Train reads."""
-    if cfg.ray.train_poll_interval_s is None:
-        return {}
-    return {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": str(cfg.ray.train_poll_interval_s)}
+    """Ray Train's settings for a run (the configured controller poll, the print patch off), as the environment
+    variables Ray Train reads."""
+    # Ray Train's print patch also logs what a library prints into a captured stdout: datasets' fingerprinting
+    # has dill disassemble a function into a StringIO, and that bytecode landed in every training's log. The
+    # workers' prints still reach the driver and the worker logs through Ray's own stdout capture.
+    env = {"RAY_TRAIN_ENABLE_PRINT_PATCH": "0"}
+    if cfg.ray.train_poll_interval_s is not None:
+        env["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"] = str(cfg.ray.train_poll_interval_s)
+    return env
 
 
 @contextmanager

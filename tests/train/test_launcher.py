@@ -1,5 +1,5 @@
-"""Ray Train's controller settings from the config reach Ray Train (which reads them from the driver's environment
-when a run starts) and do not outlive the start."""
+"""Ray Train's settings from the config (and the print patch's switch) reach Ray Train, which reads them from the
+driver's environment when a run starts, and do not outlive the start."""
 
 from __future__ import annotations
 
@@ -29,4 +29,13 @@ def test_poll_interval_is_handed_to_ray_train_while_a_run_starts(monkeypatch, tm
 
 def test_unset_poll_interval_leaves_ray_train_its_default_or_the_users(tmp_path):
     cfg = load_config(LOCAL, [f"run.workdir={tmp_path}", "ray.train_poll_interval_s=null"])
-    assert ray_train_env(cfg) == {}
+    assert POLL not in ray_train_env(cfg)
+
+
+def test_print_patch_is_off_in_the_workers(monkeypatch, tmp_path):
+    """Ray Train's print patch logs what libraries print into a captured stdout (dill's disassembly, during
+    datasets' fingerprinting, filled every training's log); the workers get it switched off."""
+    cfg = load_config(LOCAL, [f"run.workdir={tmp_path}"])
+    monkeypatch.delenv("RAY_TRAIN_ENABLE_PRINT_PATCH", raising=False)
+    with driver_env(ray_train_env(cfg)):
+        assert get_env_vars_to_propagate()["RAY_TRAIN_ENABLE_PRINT_PATCH"] == "0"
