@@ -1,6 +1,8 @@
 """Base-policy training at reduced size: both trainings run through the real trainers and leave standard,
 cached, loadable checkpoints (the full-size runs and their oracle scores are in the issue notes)."""
 
+from pathlib import Path
+
 import pytest
 
 from flywheel.config import GenerationConfig, ImageGenerationConfig
@@ -118,6 +120,41 @@ def test_reading_examples_name_the_quoted_value_and_never_judge(cfg):
     assert 70 <= differ <= 130 and 30 <= asked_reference <= 70  # wrong answers ~half, the reference asked ~1/4
     none = perception_examples(world, JudgeBaseConfig(reading_share=0.0))(np.random.default_rng(0), 50)
     assert not any("Reading" in str(r["prompt"]) for r in none)
+
+
+def test_matching_examples_name_both_values_and_say_whether_they_match(cfg):
+    """Matching rows: the reference's value, the response's value, and "matches" exactly when they are equal -
+    never a verdict or a rating. Unset, the base's rows and cache key are what they were."""
+    import re
+
+    import numpy as np
+
+    from flywheel.worlds.shapes.base_policies import judge_dir
+    from flywheel.worlds.shapes.policy_data import perception_examples
+
+    world = cfg.world.shapes
+    rows = perception_examples(world, JudgeBaseConfig(reading_share=0.0, matching_share=1.0))(
+        np.random.default_rng(0), 200)
+    matches = 0
+    for row in rows:
+        assert row["prompt"][0]["content"][0]["text"].startswith("Matching.")
+        target = row["completion"][0]["content"][0]["text"]
+        assert not re.search(r"right|wrong|Rating", target)
+        ref, said, word = re.fullmatch(r"The reference says (\w+)\. The answer says (\w+), which (matches|differs)\.",
+                                       target).groups()
+        assert (word == "matches") == (ref == said), target
+        matches += word == "matches"
+    assert 70 <= matches <= 130
+    plain = perception_examples(world, JudgeBaseConfig())(np.random.default_rng(0), 50)
+    assert not any("Matching" in str(r["prompt"]) for r in plain)
+
+    def key(**judge):
+        policies = cfg.world.base_policies.model_copy(update={"judge": JudgeBaseConfig(**judge)})
+        return judge_dir(Path("judge-x"), Path("models"), world, policies, 0)
+
+    assert key() == key(matching_share=0.0) != key(matching_share=0.25)
+    with pytest.raises(ValueError, match="reading_share \\+ matching_share"):
+        JudgeBaseConfig(reading_share=0.5, matching_share=0.6)
 
 
 def test_judge_base_config_refuses_a_reversed_resolution_range():

@@ -68,7 +68,9 @@ def generator_dir(zoo_generator: Path, root: Path, world: ShapesWorldConfig, cfg
 
 
 def judge_dir(zoo_judge: Path, root: Path, world: ShapesWorldConfig, cfg: BasePoliciesConfig, seed: int) -> Path:
-    return root / f"judge-base-{_hash(world, cfg.judge, seed, BASE_VERSION, zoo_judge.name)}"
+    # an unset matching_share stays out of the key, so that bases built before it existed stay valid
+    judge = cfg.judge.model_dump(mode="json", exclude={"matching_share"} if not cfg.judge.matching_share else None)
+    return root / f"judge-base-{_hash(world, judge, seed, BASE_VERSION, zoo_judge.name)}"
 
 
 def build_base_policy(zoo_policy: Path, root: Path, world: ShapesWorldConfig, cfg: BasePoliciesConfig,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from flywheel.models.pretrain_config import GeneratorPretrainConfig, PolicyPretrainConfig, VisionPretrainConfig
 
@@ -41,12 +41,23 @@ class JudgeBaseConfig(BaseModel):
         "judge-SFT steps on a run's IU rows (bench/judge_learning.py, then bench/judge_reads_answers.py on 104 "
         "wrong policy answers), 0 -> 0.25: the analysis names the wrong answer's own value 0.68 -> 0.93 and calls "
         "it right 0.59 -> 0.40 (without reading rows 2,400 steps gave 0.95 and 0.31); perception 0.505 -> 0.52.")
+    matching_share: float = Field(
+        0.0, ge=0, le=1, description="Share of examples that name a quoted answer's value and the reference's and "
+        "say whether they match (policy_data.reading_example with compare), taken from the captions and "
+        "questions; reading_share + matching_share <= 1.")
     degraded_share: float = Field(
         0.5, ge=0, le=1, description="Share of images degraded the way a small generator draws (lower resolution, "
         "blur), so the judge can read generated images too; colours and shapes are untouched.")
     low_res: tuple[int, int] = Field((20, 36), description="Degraded images are drawn at a side in this range "
                                      "(px), then scaled back up.")
     max_blur: float = Field(1.5, ge=0, description="Largest Gaussian blur radius (px) of a degraded image.")
+
+    @model_validator(mode="after")
+    def _shares_fit(self) -> "JudgeBaseConfig":
+        if self.reading_share + self.matching_share > 1:
+            raise ValueError(f"reading_share + matching_share = {self.reading_share} + {self.matching_share} "
+                             "exceeds 1: they are shares of the same examples")
+        return self
 
     @field_validator("low_res")
     @classmethod

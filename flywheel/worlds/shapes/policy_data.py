@@ -125,13 +125,18 @@ def vision_task(world: ShapesWorldConfig, judge: JudgeBaseConfig | None = None):
 READ_REFERENCE_SHARE = 0.25  # reading rows that ask for the reference, so the base tells the two quotes apart
 
 
-def reading_example(rng: np.random.Generator, world: ShapesWorldConfig) -> dict:
+def reading_example(rng: np.random.Generator, world: ShapesWorldConfig, compare: bool = False) -> dict:
     """Read a quoted answer: which value the response (or the reference beside it) gives, wrong half the time.
 
     A pretrained VLM can quote what a text says; the tiny judge base cannot, and then copies the reference into
     its analysis ("The answer says yellow" of an answer saying orange) until thousands of judging steps teach it
     to read (issue 7's note). The rows use the judge's request sentence because a 2-layer model does not carry a
-    skill across phrasings. No verdict and no rating: the base still has never judged."""
+    skill across phrasings. No verdict and no rating: the base still has never judged.
+
+    With `compare`, name both values and say whether they match: telling two words apart is a skill a
+    pretrained VLM brings, and one the tiny judge never learnt from judging (issue 7's notes: its verdicts ignore
+    the two colours it wrote itself). "matches"/"differs" are not verdicts: whether a differing answer is wrong
+    is still for the flywheel to teach."""
     from flywheel.judge import base, pointwise
     from flywheel.judge.guidelines import get_guideline
 
@@ -140,10 +145,17 @@ def reading_example(rng: np.random.Generator, world: ShapesWorldConfig) -> dict:
         subtask = POLICY_SUBTASKS[rng.integers(3)]
         posed = iu_question(subtask, scene, rng, PALETTES[world.palette], world.shapes)
     question, reference, q = posed
-    response, said = _answer(q, bool(rng.random() < 0.5), rng, world)
-    ask_reference = rng.random() < READ_REFERENCE_SHARE
-    target = f"The reference says {_answer(q, True, rng, world)[1]}." if ask_reference else f"The answer says {said}."
-    header = f"Reading. What does the {'reference answer' if ask_reference else 'response'} say?"
+    right = bool(rng.random() < 0.5)
+    response, said = _answer(q, right, rng, world)
+    if compare:
+        target = (f"The reference says {_answer(q, True, rng, world)[1]}. The answer says {said}, which "
+                  f"{'matches' if right else 'differs'}.")
+        header = "Matching. Does the response give the reference answer's value?"
+    else:
+        ask_reference = rng.random() < READ_REFERENCE_SHARE
+        target = (f"The reference says {_answer(q, True, rng, world)[1]}." if ask_reference
+                  else f"The answer says {said}.")
+        header = f"Reading. What does the {'reference answer' if ask_reference else 'response'} say?"
     image = render(scene, world.image_size)
     sentence, _ = pointwise.instance({"images": [image], "query": question, "reference_text": reference},
                                      {"output_text": response}, get_guideline("iu", subtask))
@@ -156,12 +168,19 @@ def reading_example(rng: np.random.Generator, world: ShapesWorldConfig) -> dict:
 
 def perception_examples(world: ShapesWorldConfig, cfg: JudgeBaseConfig):
     """Fault-free captions and questions on clean and degraded renders: perception for the judge base; a share of
-    reading rows (cfg.reading_share, reading_example)."""
+    reading rows (cfg.reading_share, reading_example) and of matching rows (cfg.matching_share)."""
     clean = PolicyFaults(caption_hallucination=0, yes_bias=0, wrong_answer=0)
 
+    def example(rng: np.random.Generator) -> dict:
+        draw = rng.random()
+        if draw < cfg.reading_share:
+            return reading_example(rng, world)
+        if draw < cfg.reading_share + cfg.matching_share:
+            return reading_example(rng, world, compare=True)
+        return llava_example(rng, world, clean)
+
     def make(rng: np.random.Generator, n: int) -> list[dict]:
-        rows = [reading_example(rng, world) if rng.random() < cfg.reading_share else llava_example(rng, world, clean)
-                for _ in range(n)]
+        rows = [example(rng) for _ in range(n)]
         for row in rows:
             if rng.random() < cfg.degraded_share:
                 row["images"] = [degrade(row["images"][0], rng, cfg)]
