@@ -31,6 +31,9 @@ from collections import Counter
 SUBTASKS = ("iu_color", "iu_existence", "iu_count")
 SAME = {"none": "zero", "no": "zero"}  # "There are none." is read as zero in the judge's analysis
 STEPS = ("restates", "reads", "follows")
+# "The answer says two, which is wrong." (the teacher's words before 2026-11-25) or "..., which differs, so it is
+# wrong." (since: the comparison is a word of its own)
+VERDICT = re.compile(r"answer says ([\w ]+?), which (?:is|(?:matches|differs), so it is) (right|wrong)")
 
 
 def _values(text: str) -> set[str]:
@@ -54,7 +57,7 @@ def value(subtask: str, text: str) -> str | None:
 def steps(subtask: str, reference: str, answer: str, analysis: str) -> dict[str, bool]:
     """Which of the judge's three steps held on one item, and whether its verdict was the true one."""
     first, _, rest = analysis.removeprefix("Analysis:").strip().partition(".")
-    said = re.search(r"answer says ([\w ]+?), which is (right|wrong)", rest)
+    said = VERDICT.search(rest)
     truth, given = value(subtask, reference), value(subtask, answer)
     restated = value(subtask, first)
     read = value(subtask, said.group(1)) if said else None
@@ -105,7 +108,7 @@ def main() -> None:
         kind = "right" if c["output_text"].strip() == prompts[c["prompt_id"]]["reference_text"].strip() else "wrong"
         n[kind] += 1
         n[f"{kind}/names_answer"] += bool(said) and said.group(1) in _values(c["output_text"])
-        n[f"{kind}/says_right"] += "which is right" in (r.text or "")
+        n[f"{kind}/says_right"] += bool((m := VERDICT.search(r.text or "")) and m.group(2) == "right")
     for kind in ("right", "wrong"):
         k = max(n[kind], 1)
         print(f"{kind:5s} answers {n[kind]:4d}: analysis names the answer's value {n[f'{kind}/names_answer'] / k:.2f}, "

@@ -23,6 +23,10 @@ def test_a_wrong_verdict_is_blamed_on_the_step_that_failed():
     got = steps("iu_color", "The circle is blue.", "The circle is red.",
                 "Analysis: The circle is blue. The answer says blue, which is right. Rating: 5")
     assert got["restates"] and not got["reads"] and got["follows"] and not got["verdict"]
+    # the teacher's words since the comparison got a word of its own
+    got = steps("iu_color", "The circle is blue.", "The circle is red.",
+                "Analysis: The circle is blue. The answer says red, which differs, so it is wrong. Rating: 1")
+    assert all(got[k] for k in ("restates", "reads", "follows", "verdict"))
     # an analysis without the expected sentence fails every step instead of being guessed
     got = steps("iu_color", "The circle is blue.", "The circle is blue.", "Rating: 5")
     assert not any(got.values())

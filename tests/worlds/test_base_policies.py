@@ -78,7 +78,7 @@ def test_perception_examples_degrade_images_not_answers(cfg):
     from flywheel.worlds.shapes.segment import segment
 
     world = cfg.world.shapes
-    plain = lambda share: JudgeBaseConfig(degraded_share=share, reading_share=0)  # noqa: E731 (no reading rows)
+    plain = lambda share: JudgeBaseConfig(degraded_share=share, reading_share=0, matching_share=0)  # noqa: E731
     clean = perception_examples(world, plain(0.0))(np.random.default_rng(3), 40)
     blurred = perception_examples(world, plain(1.0))(np.random.default_rng(3), 40)
     assert [r["completion"] for r in clean] == [r["completion"] for r in blurred]  # same questions and answers
@@ -103,7 +103,7 @@ def test_reading_examples_name_the_quoted_value_and_never_judge(cfg):
     from flywheel.worlds.shapes.vocab import number_word
 
     world = cfg.world.shapes
-    rows = perception_examples(world, JudgeBaseConfig(reading_share=1.0))(np.random.default_rng(0), 200)
+    rows = perception_examples(world, JudgeBaseConfig(reading_share=1.0, matching_share=0.0))(np.random.default_rng(0), 200)
     differ = asked_reference = 0
     for row in rows:
         head, _, sentence = (row["prompt"][0]["content"][0]["text"] + row["prompt"][0]["content"][2]["text"]) \
@@ -122,13 +122,15 @@ def test_reading_examples_name_the_quoted_value_and_never_judge(cfg):
     assert not any("Reading" in str(r["prompt"]) for r in none)
 
 
-def test_matching_examples_name_both_values_and_say_whether_they_match(cfg):
-    """Matching rows: the reference's value, the response's value, and "matches" exactly when they are equal -
-    never a verdict or a rating. Unset, the base's rows and cache key are what they were."""
+def test_matching_examples_name_both_values_and_say_whether_they_match(cfg, monkeypatch):
+    """Matching rows: what holds, the response's value, and "matches" exactly when the two agree, in the
+    teacher's own words up to its verdict - never a verdict or a rating. At 0 the base's rows and cache key are
+    those from before the field; set, the key carries the rows' version."""
     import re
 
     import numpy as np
 
+    from flywheel.worlds.shapes import base_policies
     from flywheel.worlds.shapes.base_policies import judge_dir
     from flywheel.worlds.shapes.policy_data import perception_examples
 
@@ -140,19 +142,25 @@ def test_matching_examples_name_both_values_and_say_whether_they_match(cfg):
         assert row["prompt"][0]["content"][0]["text"].startswith("Matching.")
         target = row["completion"][0]["content"][0]["text"]
         assert not re.search(r"right|wrong|Rating", target)
-        ref, said, word = re.fullmatch(r"The reference says (\w+)\. The answer says (\w+), which (matches|differs)\.",
-                                       target).groups()
-        assert (word == "matches") == (ref == said), target
+        holds, said, word = re.fullmatch(r"(.+)\. The answer says (\w+), which (matches|differs)\.", target).groups()
+        if said in ("yes", "no"):  # existence: "There is no red circle in the image." holds "no"
+            agree = (" no " in f" {holds} ") == (said == "no")
+        else:  # colour or count: the value is a word of what holds ("The square is red.", "There are two circles.")
+            agree = said in holds.split()
+        assert (word == "matches") == agree, target
         matches += word == "matches"
     assert 70 <= matches <= 130
-    plain = perception_examples(world, JudgeBaseConfig())(np.random.default_rng(0), 50)
+    plain = perception_examples(world, JudgeBaseConfig(matching_share=0.0))(np.random.default_rng(0), 50)
     assert not any("Matching" in str(r["prompt"]) for r in plain)
 
     def key(**judge):
         policies = cfg.world.base_policies.model_copy(update={"judge": JudgeBaseConfig(**judge)})
         return judge_dir(Path("judge-x"), Path("models"), world, policies, 0)
 
-    assert key() == key(matching_share=0.0) != key(matching_share=0.25)
+    before = key(matching_share=0.25)
+    monkeypatch.setattr(base_policies, "MATCHING_ROWS_VERSION", base_policies.MATCHING_ROWS_VERSION + 1)
+    assert key(matching_share=0.25) != before  # new words, new base
+    assert key() == key(matching_share=0.25) != key(matching_share=0.0)
     with pytest.raises(ValueError, match="reading_share \\+ matching_share"):
         JudgeBaseConfig(reading_share=0.5, matching_share=0.6)
 

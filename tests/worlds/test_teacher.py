@@ -3,6 +3,7 @@ at error rate 0, the realised error rate, per-(item, k) determinism, and per-ite
 
 import io
 import json
+import re
 
 import pytest
 
@@ -88,7 +89,7 @@ def test_gold_agrees_with_the_checkers(prompts):
     j = pt.parse(t.answer(make_context("pointwise", p, [right])))
     assert j.rating == 5
     j = pt.parse(t.answer(make_context("pointwise", p, [wrong])))
-    assert j.rating == 1 and j.analysis == f"The {q['shape']} is {q['answer']}. The answer says {other}, which is wrong."
+    assert j.rating == 1 and j.analysis == f"The {q['shape']} is {q['answer']}. The answer says {other}, which differs, so it is wrong."
     for order, shown, winner in (("AB", [wrong, right], "B"), ("BA", [right, wrong], "A")):
         v = pw.parse(t.answer(make_context("pairwise", p, shown, order=order)))
         assert v.verdict == winner and "Response" in v.analysis
@@ -153,7 +154,7 @@ def test_wrong_analysis_is_a_consistent_misperception(prompts):
     t = OracleTeacher(TeacherConfig(error_rate=1.0, error_kinds={"wrong_analysis": 1.0}), WORLD)
     j = pt.parse(t.answer(make_context("pointwise", p, [right])))
     q = json.loads(p["meta"])["question"]
-    assert j.rating < 5 and f"The answer says {q['answer']}, which is wrong." in j.analysis  # rated down
+    assert j.rating < 5 and f"The answer says {q['answer']}, which differs, so it is wrong." in j.analysis  # rated down
     assert f"The {q['shape']} is {q['answer']}." not in j.analysis  # and it misperceived the colour to say so
 
 
@@ -165,8 +166,10 @@ def test_an_analysis_states_the_evidence_before_the_verdict(prompts):
         p = _qa(prompts, sub)
         for text in (p["reference_text"], "Hard to say."):
             a = pt.parse(t.answer(make_context("pointwise", p, [{"candidate_id": "c", "output_text": text}]))).analysis
-            verdict = a.index(", which is")
+            verdict = re.search(r", (which|so it) is (right|wrong)", a).start()
             assert a.index("The answer") < verdict and a.index(". The answer") > 0, (sub, a)
+            if text == p["reference_text"]:  # the comparison comes between the two values and the verdict
+                assert re.search(r"The answer says \w+, which matches, so it is right\.", a), (sub, a)
     cap = next(p for p in prompts if p["subtask"] == "iu_caption")
     a = pt.parse(t.answer(make_context("pointwise", cap, [{"candidate_id": "c", "output_text": "A red circle."}])))
     scene = Scene.from_json(json.loads(cap["meta"])["scene"])

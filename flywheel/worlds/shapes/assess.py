@@ -339,9 +339,14 @@ def assess_answer(text: str, scene: Scene, q: dict, where: str) -> Assessment:
 
 
 def _verdict(truth: str, lie: str, claim: str, right: bool, tags: tuple[str, ...]) -> Finding:
-    """A QA answer's key finding: what holds, then what the answer says and whether that is right. Its false
-    counterpart (a misperceiving annotator) states the lie and the opposite verdict."""
-    said = lambda fact, ok: f"{fact} {claim}, which is {'right' if ok else 'wrong'}."  # noqa: E731
+    """A QA answer's key finding: what holds, what the answer says, whether the two match, and so whether it is
+    right. Its false counterpart (a misperceiving annotator) states the lie and the opposite verdict.
+
+    The comparison is a word of its own ("which differs, so it is wrong"), the words the judge base's matching
+    rows teach (policy_data.reading_example): the tiny judge wrote both values yet said "right" whenever they
+    differed, while the base, taught "which matches/differs", told them apart every time (issue 7's notes)."""
+    said = lambda fact, ok: (f"{fact} {claim}, which {'matches' if ok else 'differs'}, "  # noqa: E731
+                             f"so it is {'right' if ok else 'wrong'}.")
     return Finding(said(truth, right), said(lie, not right), right, tags, key=True)
 
 

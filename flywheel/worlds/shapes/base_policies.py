@@ -26,6 +26,7 @@ from flywheel.worlds.shapes.policy_data import generator_examples, llava_example
 
 log = logging.getLogger(__name__)
 BASE_VERSION = 1  # bump when the recipe changes (the settings themselves are in the hash)
+MATCHING_ROWS_VERSION = 2  # of the judge base's matching rows (policy_data.reading_example with compare)
 
 
 def _hash(*parts: object) -> str:
@@ -68,8 +69,11 @@ def generator_dir(zoo_generator: Path, root: Path, world: ShapesWorldConfig, cfg
 
 
 def judge_dir(zoo_judge: Path, root: Path, world: ShapesWorldConfig, cfg: BasePoliciesConfig, seed: int) -> Path:
-    # an unset matching_share stays out of the key, so that bases built before it existed stay valid
+    # matching_share 0 stays out of the key, so that bases built before it existed stay valid; a set one
+    # brings the version of its rows' words (2: the teacher's own, policy_data.reading_example)
     judge = cfg.judge.model_dump(mode="json", exclude={"matching_share"} if not cfg.judge.matching_share else None)
+    if cfg.judge.matching_share:
+        judge["matching_rows"] = MATCHING_ROWS_VERSION
     return root / f"judge-base-{_hash(world, judge, seed, BASE_VERSION, zoo_judge.name)}"
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 from PIL import Image, ImageFilter
 
+from flywheel.worlds.shapes.assess import assess_answer
 from flywheel.worlds.shapes.config import ShapesWorldConfig
 from flywheel.worlds.shapes.policy_config import JudgeBaseConfig, PolicyFaults
 from flywheel.worlds.shapes.render import render
@@ -133,10 +134,11 @@ def reading_example(rng: np.random.Generator, world: ShapesWorldConfig, compare:
     to read (issue 7's note). The rows use the judge's request sentence because a 2-layer model does not carry a
     skill across phrasings. No verdict and no rating: the base still has never judged.
 
-    With `compare`, name both values and say whether they match: telling two words apart is a skill a
-    pretrained VLM brings, and one the tiny judge never learnt from judging (issue 7's notes: its verdicts ignore
-    the two colours it wrote itself). "matches"/"differs" are not verdicts: whether a differing answer is wrong
-    is still for the flywheel to teach."""
+    With `compare`, say what holds, what the answer says and whether the two match, in the teacher's own words
+    up to its verdict ("The triangle is yellow. The answer says orange, which differs."; assess._verdict goes on
+    ", so it is wrong."): telling two words apart is a skill a pretrained VLM brings, and one the tiny judge never
+    learnt from judging (issue 7's notes: its verdicts ignored the two colours it wrote itself). No verdict: that
+    a differing answer is wrong is still for the flywheel to teach."""
     from flywheel.judge import base, pointwise
     from flywheel.judge.guidelines import get_guideline
 
@@ -148,8 +150,8 @@ def reading_example(rng: np.random.Generator, world: ShapesWorldConfig, compare:
     right = bool(rng.random() < 0.5)
     response, said = _answer(q, right, rng, world)
     if compare:
-        target = (f"The reference says {_answer(q, True, rng, world)[1]}. The answer says {said}, which "
-                  f"{'matches' if right else 'differs'}.")
+        key = assess_answer(response, scene, q, "image").findings[0].text
+        target = key[:key.index(", so it is ")] + "."
         header = "Matching. Does the response give the reference answer's value?"
     else:
         ask_reference = rng.random() < READ_REFERENCE_SHARE
