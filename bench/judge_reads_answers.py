@@ -21,6 +21,10 @@ rounds, 360 answers (120 per type): restates 1.00 for every type and reads 0.97-
 its own two values for 0.65 of colour answers, 0.81 of existence and 0.98 of count; where the two colours it
 wrote differ it still says right in 25 of 38. Colour (and existence) answers fail at the comparison, not at
 seeing or reading.
+2026-11-25, one round (1,167 steps on iteration 0's rows): with the teacher naming its comparison ("which
+differs, so it is wrong") and a base taught those words (world.base_policies.judge.matching_share 0.25),
+verdicts follow the judge's own two values for existence 0.57 -> 1.00 and count 0.88 -> 0.99; colour stays
+at 0.68 (39 of 39 differing colours still called right), as its base tells colours apart 0.69 of the time.
 """
 from __future__ import annotations
 
