@@ -66,8 +66,10 @@ def models_build(config: ConfigOpt = Path("configs/local.yaml"), overrides: Over
 def run(config: ConfigOpt = Path("configs/local.yaml"), overrides: Overrides = None,
         iterations: Annotated[int, typer.Option(help="Iterations to run, each from the last's champions.")] = 1,
         start: Annotated[int, typer.Option(help="Number of the first iteration.")] = 0,
-        resume: Annotated[bool, typer.Option(help="Accepted for clarity: every stage already skips work whose "
-                                                  "output exists with the same config and inputs.")] = False) -> None:
+        resume: Annotated[bool, typer.Option(help="Accepted for clarity; always on: a finished iteration is "
+                                                  "skipped, an unfinished one resumes from the models it started "
+                                                  "from, and each stage skips work whose output exists with the "
+                                                  "same config and inputs.")] = False) -> None:
     """Run whole flywheel iterations: data → judge training → meta-eval → gate → serve → policy training."""
     _setup_logging()
     from flywheel.iteration import run_iteration
@@ -79,7 +81,7 @@ def run(config: ConfigOpt = Path("configs/local.yaml"), overrides: Overrides = N
     tracker = Tracker(cfg)
     for n in range(start, start + iterations):
         res = run_iteration(cfg, n, tracker)
-        console.rule(f"iteration {n}: done (MLflow run {res.run_id})")
+        console.rule(f"iteration {n}: {'finished earlier' if res.skipped else 'done'} (MLflow run {res.run_id})")
         for d in res.decisions:
             console.print(f"{d['model']:14s} {'PROMOTED' if d['promoted'] else 'kept champion'}: {d['reason']}")
     console.print(f"Browse it: {tracker.ui_hint()}")

@@ -7,7 +7,8 @@
 Every arrow is a dataset with a manifest under <storage>/iterations/<n>/, and every stage is skipped when its
 output records the same config and inputs (trainings: when an identical version is registered), so running an
 iteration again after a crash — `--resume` — redoes only what had not finished, and gives the same result as an
-uninterrupted run with the same seed. Iteration n+1 starts from n's champion judge and n's champion policies.
+uninterrupted run with the same seed. Iteration n+1 starts from n's champion judge and n's champion policies; an
+iteration pins those start models when it begins and skips itself once finished (flywheel/iteration_record.py).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import mlflow
 
 from flywheel import gate, storage
 from flywheel.config import Config
+from flywheel.iteration_record import ROLES, IterationRecord
 from flywheel.track import Tracker
 
 log = logging.getLogger(__name__)
@@ -37,6 +39,7 @@ class IterationResult:
     downstream: dict = field(default_factory=dict)
     decisions: list[dict] = field(default_factory=list)
     models: dict[str, str] = field(default_factory=dict)
+    skipped: bool = False  # finished by an earlier run (flywheel/iteration_record.py)
 
 
 class StageClock:
@@ -85,12 +88,18 @@ def run_iteration(cfg: Config, n: int, tracker: Tracker | None = None) -> Iterat
     from flywheel.models.zoo import build_world
     from flywheel.stages import candidates, curate, gold, judgments, prompts
 
+    it_dir = storage.join(cfg.storage.uri, "iterations", f"{n:03d}")
+    record = start_record(cfg, n)
+    if record.finished:
+        return _finished_earlier(cfg, record)
     tracker = tracker or Tracker(cfg)
     p = paths(cfg, n)
-    with tracker.iteration(n) as parent:
+    with tracker.iteration(n, resume_run_id=record.run_id) as parent:
         res = IterationResult(n, parent.info.run_id)
+        record.run_id = parent.info.run_id
+        record.save(it_dir)
 
-        clock = StageClock(storage.join(cfg.storage.uri, "iterations", f"{n:03d}", "stage-seconds.json"))
+        clock = StageClock(storage.join(it_dir, "stage-seconds.json"))
 
         @contextmanager
         def stage(name: str):
@@ -100,7 +109,7 @@ def run_iteration(cfg: Config, n: int, tracker: Tracker | None = None) -> Iterat
                 yield
             res.seconds[name] = clock.finished(name, time.perf_counter() - t0)
 
-        judge0, policy0, generator0 = current(cfg, "judge"), current(cfg, "policy"), current(cfg, "generator")
+        judge0, policy0, generator0 = (record.start[role] for role in ROLES)
         res.models = {"judge_start": judge0, "policy_start": policy0, "generator_start": generator0}
         start = with_models(cfg, judge=judge0, policy=policy0, generator=generator0)
 
@@ -151,7 +160,35 @@ def run_iteration(cfg: Config, n: int, tracker: Tracker | None = None) -> Iterat
         if pref:
             _train_and_gate_policies(start, cfg, p, pref, n, tracker, stage, res)
         _summarize(res)
+        record.finished, record.decisions = True, res.decisions
+        record.save(it_dir)
     return res
+
+
+def start_record(cfg: Config, n: int) -> IterationRecord:
+    """Iteration n's record: the one an earlier run wrote (its start models pinned), else a new one starting
+    from the current champions (saved once the iteration's MLflow run is open)."""
+    record = IterationRecord.load(storage.join(cfg.storage.uri, "iterations", f"{n:03d}"))
+    if record is None:
+        return IterationRecord(n, cfg.hash(), {role: current(cfg, role) for role in ROLES})
+    if not record.finished:
+        log.info("iteration %d resumes from the models it started from: %s", n, record.start)
+        if record.config_hash != cfg.hash():
+            log.warning("iteration %d started with config %s and resumes with %s: stages whose inputs changed "
+                        "are redone", n, record.config_hash, cfg.hash())
+    return record
+
+
+def _finished_earlier(cfg: Config, record: IterationRecord) -> IterationResult:
+    """A finished iteration is not run again: its gates moved the champions its successors started from."""
+    n = record.iteration
+    log.info("iteration %d finished earlier (MLflow run %s); skipped. The next one is --start %d", n,
+             record.run_id, n + 1)
+    if record.config_hash != cfg.hash():
+        log.warning("iteration %d finished with config %s, not this one (%s): its results stand; to redo it, "
+                    "use a new run.workdir", n, record.config_hash, cfg.hash())
+    return IterationResult(n, record.run_id or "", decisions=record.decisions,
+                           models={f"{role}_start": ref for role, ref in record.start.items()}, skipped=True)
 
 
 def _metric(results: dict, dotted: str) -> float:

@@ -84,28 +84,55 @@ class Tracker:
         self.parent: Run | None = None
 
     @contextmanager
-    def iteration(self, iteration: int, run_name: str | None = None, tags: Mapping[str, str] = ()) -> Iterator[Run]:
-        """The parent run: resolved config as params and as a YAML artifact, identifying tags."""
+    def iteration(self, iteration: int, run_name: str | None = None, tags: Mapping[str, str] = (),
+                  resume_run_id: str | None = None) -> Iterator[Run]:
+        """The parent run: resolved config as params and as a YAML artifact, identifying tags. `resume_run_id`
+        reopens a killed iteration's run when it has the same config, so the MLflow UI shows one run per
+        iteration; its stage runs left RUNNING by the kill are marked KILLED."""
         all_tags = {
             "flywheel.iteration": str(iteration),
             "flywheel.config_hash": self.cfg.hash(),
             "flywheel.code_version": code_version(),
             **dict(tags),
         }
-        with mlflow.start_run(
-            experiment_id=self.experiment_id, run_name=run_name or f"iteration-{iteration}", tags=all_tags
-        ) as run:
+        reopen = self._reopenable(resume_run_id)
+        if resume_run_id and not reopen:
+            all_tags["flywheel.resumes_run"] = resume_run_id
+        start = dict(run_id=reopen) if reopen else dict(experiment_id=self.experiment_id,
+                                                        run_name=run_name or f"iteration-{iteration}")
+        with mlflow.start_run(**start, tags=all_tags) as run:
             self.parent = run
-            params = flatten(self.cfg.model_dump(mode="json"))
-            items = list(params.items())
-            for i in range(0, len(items), 100):  # MLflow caps a batch at 100 params
-                mlflow.log_params(dict(items[i : i + 100]))
-            mlflow.log_text(self.cfg.to_yaml(), "config/resolved.yaml")
-            log.info("tracking: iteration %d is MLflow run %s in %s", iteration, run.info.run_id, self.uri)
+            if reopen:
+                self._end_orphaned_stages(reopen)
+                log.info("tracking: iteration %d resumes MLflow run %s in %s", iteration, reopen, self.uri)
+            else:
+                params = flatten(self.cfg.model_dump(mode="json"))
+                items = list(params.items())
+                for i in range(0, len(items), 100):  # MLflow caps a batch at 100 params
+                    mlflow.log_params(dict(items[i : i + 100]))
+                mlflow.log_text(self.cfg.to_yaml(), "config/resolved.yaml")
+                log.info("tracking: iteration %d is MLflow run %s in %s", iteration, run.info.run_id, self.uri)
             try:
                 yield run
             finally:
                 self.parent = None
+
+    def _reopenable(self, run_id: str | None) -> str | None:
+        """`run_id` if it can be reopened: it exists and logged the same config (params cannot change)."""
+        if not run_id:
+            return None
+        try:
+            run = self.client.get_run(run_id)
+        except Exception:  # deleted, or another store
+            return None
+        same = run.data.tags.get("flywheel.config_hash") == self.cfg.hash()
+        return run_id if same and run.info.lifecycle_stage == "active" else None
+
+    def _end_orphaned_stages(self, parent_id: str) -> None:
+        children = self.client.search_runs(
+            [self.experiment_id], f"tags.mlflow.parentRunId = '{parent_id}' and attributes.status = 'RUNNING'")
+        for child in children:
+            self.client.set_terminated(child.info.run_id, status="KILLED")
 
     @contextmanager
     def stage(self, name: str, tags: Mapping[str, str] = ()) -> Iterator[Run]:

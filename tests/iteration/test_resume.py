@@ -1,5 +1,7 @@
 """Kill the driver of an iteration mid-stage, run it again: it finishes with the same results as an uninterrupted
-run with the same seed (every stage skips work whose output records the same config and inputs)."""
+run with the same seed (every stage skips work whose output records the same config and inputs). Killed once in the
+data stages and once after the judge gate promoted the iteration's own judge: the resumed run must still start from
+the models the iteration began with (flywheel/iteration_record.py), and a finished iteration is not run again."""
 
 import json
 import os
@@ -11,15 +13,20 @@ from pathlib import Path
 
 import pytest
 
+from flywheel import gate
 from flywheel.config import REPO_ROOT, load_config
 from flywheel.datasets import read_manifest
 from flywheel.iteration import paths
+from flywheel.train import registry
 from tiny_iteration import TINY
 
+# The tiny random judge orders no gold pair (0.0, like its base): a negative margin promotes it anyway, so the
+# iteration goes on past the judge gate to preference data and policy updates, where the second kill lands.
+RUN = [*TINY, "gate.judge_test=none", "gate.judge_margin=-1"]
 
 
 def _run(workdir: Path, kill_at: str | None = None, timeout: float = 1500) -> str:
-    cmd = [sys.executable, str(REPO_ROOT / "jobs" / "iteration.py"), f"run.workdir={workdir}", *TINY]
+    cmd = [sys.executable, str(REPO_ROOT / "jobs" / "iteration.py"), f"run.workdir={workdir}", *RUN]
     log = workdir.with_suffix(".log")
     with open(log, "a") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
@@ -38,8 +45,20 @@ def _run(workdir: Path, kill_at: str | None = None, timeout: float = 1500) -> st
     return "done"
 
 
+def _cfg(workdir: Path):
+    return load_config(None, [f"run.workdir={workdir}", *RUN])
+
+
+def _trainings(workdir: Path) -> dict[str, list[str]]:
+    """Per registered model, the run keys (training, settings, base, data) of its versions, oldest first."""
+    client = registry.client(_cfg(workdir))
+    return {m.name: [v.tags.get("flywheel.run_key") for v in sorted(
+        client.search_model_versions(f"name='{m.name}'"), key=lambda v: int(v.version))]
+        for m in client.search_registered_models()}
+
+
 def _hashes(workdir: Path) -> dict[str, str]:
-    cfg = load_config(None, [f"run.workdir={workdir}", *TINY])
+    cfg = _cfg(workdir)
     out = {}
     for name, uri in paths(cfg, 0).items():
         for sub in ("", "/sft", "/dpo", "/pairs", "/kept", "/image_pref"):
@@ -55,11 +74,26 @@ def test_killed_iteration_resumes_to_the_same_result(tmp_path):
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     assert _run(straight) == "done"
     assert _run(resumed, kill_at="labels") == "killed"
+    assert _run(resumed, kill_at="preference-candidates") == "killed"  # the judge gate has moved the champion
+    assert gate.champion_of(_cfg(resumed), "judge") is not None
     assert _run(resumed) == "done"
     a, b = _hashes(straight), _hashes(resumed)
     assert a and a == b
+    # the same trainings, each once: none was redone from the iteration's own new judge
+    assert _trainings(straight) == _trainings(resumed)
+    assert gate.champion_of(_cfg(straight), "judge") == gate.champion_of(_cfg(resumed), "judge")
+    # one MLflow run for the iteration, reopened by each resume
+    client = registry.client(_cfg(resumed))
+    parents = client.search_runs([e.experiment_id for e in client.search_experiments()],
+                                 "tags.`flywheel.iteration` = '0' and attributes.run_name = 'iteration-0'")
+    assert len(parents) == 1 and parents[0].info.status == "FINISHED"
     # the stages the killed run finished report the time they took then, not the moment the skip took
     took = [json.loads((w / "data" / "iterations" / "000" / "stage-seconds.json").read_text())
             for w in (straight, resumed)]
     assert took[0].keys() == took[1].keys()
     assert took[1]["candidates"] > 0.5 * took[0]["candidates"] > 0.5
+    # run again, a finished iteration is skipped whole
+    before = _trainings(resumed)
+    assert _run(resumed) == "done"
+    assert "iteration 0 finished earlier" in resumed.with_suffix(".log").read_text()
+    assert _trainings(resumed) == before
