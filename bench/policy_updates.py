@@ -68,7 +68,7 @@ def llava_pairs(cfg, captions: int, others: int, samples: int) -> tuple[str, flo
     from flywheel.engines.hf import HFTextEngine
     from flywheel.images import to_png_bytes
     from flywheel.models.zoo import resolve_model_path
-    from flywheel.worlds.shapes.policy_eval import _check as oracle_check  # the held-out scorer's own check
+    from flywheel.worlds.shapes.policy_eval import check_answer as oracle_check  # the held-out scorer's check
     from flywheel.worlds.shapes.policy_eval import text_items, text_requests
     from flywheel.worlds.shapes.render import render
 

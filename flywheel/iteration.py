@@ -39,6 +39,7 @@ class IterationResult:
     downstream: dict = field(default_factory=dict)
     decisions: list[dict] = field(default_factory=list)
     models: dict[str, str] = field(default_factory=dict)
+    pairs_vs_oracle: dict[str, float] = field(default_factory=dict)  # preference pairs the oracle agrees with
     skipped: bool = False  # finished by an earlier run (flywheel/iteration_record.py)
 
 
@@ -312,7 +313,8 @@ def _summarize(res: IterationResult) -> None:
     mlflow.log_metrics({f"seconds.{k}": v for k, v in res.seconds.items()} |
                        {f"count.{k}": float(v) for k, v in res.counts.items()})
     summary = {"iteration": res.iteration, "seconds": res.seconds, "counts": res.counts, "meta_eval": res.meta_eval,
-               "downstream": res.downstream, "decisions": res.decisions, "models": res.models}
+               "downstream": res.downstream, "decisions": res.decisions, "models": res.models,
+               "pairs_vs_oracle": res.pairs_vs_oracle}
     mlflow.log_dict(summary, "summary/summary.json")
     mlflow.set_tag("mlflow.note.content", _markdown(summary))
     log.info("iteration %d done: %s", res.iteration, json.dumps(res.decisions, default=str)[:500])
@@ -356,6 +358,12 @@ def _markdown(s: dict) -> str:
         lines += ["", f"**{role}** (oracle, before → after): " + ", ".join(
             f"{k} {d['before'].get(k, float('nan')):.3f} → {v:.3f}" for k, v in d["after"].items()
             if not k.startswith("dim"))]
+    pv = s.get("pairs_vs_oracle") or {}
+    if pv:  # the judge's quality where it is spent (flywheel/worlds/shapes/pair_check.py)
+        keys = [*sorted({k.split("/")[0] for k in pv} - {"all"}), "all"]
+        lines += ["", "**Preference pairs vs the oracle** (chosen truly better / tie / worse, precision): " + "; ".join(
+            f"{t} {pv[f'{t}/right']:.0f}/{pv[f'{t}/tie']:.0f}/{pv[f'{t}/wrong']:.0f} ({_cell(pv[f'{t}/precision'])})"
+            for t in keys)]
     lines += ["", "Galleries of chosen vs rejected samples: Artifacts → `gallery/`.", "",
               "| stage | seconds |", "|---|---|"] + [f"| {k} | {v:.1f} |" for k, v in s["seconds"].items()]
     lines += ["", "| dataset | rows | kept |", "|---|---|---|"]

@@ -9,6 +9,8 @@ from __future__ import annotations
 import logging
 from contextlib import contextmanager
 
+import mlflow
+
 from flywheel import gate
 from flywheel.config import Config
 
@@ -80,4 +82,23 @@ def make_preferences(start: Config, cfg: Config, p: dict[str, str], n: int, trac
         out = curate.run_policy(start, p["pref-labels"], p["pref-prompts"], p["pref-candidates"], p["pref-curated"],
                                 tracker)
         res.counts |= {f"pref_{k}": m.row_count for k, m in out.items()}
+        res.pairs_vs_oracle = pairs_vs_oracle(cfg, p)
+        if res.pairs_vs_oracle:
+            mlflow.log_metrics({f"pairs_vs_oracle.{k}": v for k, v in res.pairs_vs_oracle.items()})
+            log.info("preference pairs vs the oracle: %s", {k: v for k, v in res.pairs_vs_oracle.items()
+                                                             if k.startswith("all/")})
     return out
+
+
+def pairs_vs_oracle(cfg: Config, p: dict[str, str]) -> dict[str, float]:
+    """How the iteration's preference pairs agree with the oracle (flywheel/worlds/shapes/pair_check.py); empty
+    when no pair's prompt carries ground truth (data from outside the shapes world)."""
+    from flywheel.datasets import read_rows
+    from flywheel.worlds.shapes.pair_check import pair_agreement
+
+    pairs = read_rows(f"{p['pref-curated']}/pairs")
+    prompts = {r["prompt_id"]: r for r in read_rows(p["pref-prompts"])}
+    candidates = {r["candidate_id"]: r for r in read_rows(p["pref-candidates"])}
+    agreement = pair_agreement(pairs, prompts, candidates, cfg.world.shapes)
+    return agreement if agreement.get("all/right", 0) + agreement.get("all/wrong", 0) + agreement.get(
+        "all/tie", 0) else {}

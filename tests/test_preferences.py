@@ -13,9 +13,9 @@ import pytest
 import ray
 
 from flywheel.config import load_config
-from flywheel.datasets import read_manifest, read_rows
+from flywheel.datasets import read_manifest, read_rows, write_dataset
 from flywheel.iteration import IterationResult, paths
-from flywheel.preferences import make_preferences
+from flywheel.preferences import make_preferences, pairs_vs_oracle
 from flywheel.track import Tracker
 from flywheel.train import registry
 
@@ -91,6 +91,19 @@ def test_candidates_are_judged_through_serve_by_the_champion(pcfg, zoo):
     assert all(j["judge"].endswith("@" + version) for j in labels), labels[0]["judge"]  # lineage: the served version
     assert all(j["parse_error"] and j["score"] is None and j["raw_output"] is not None for j in labels)
     assert read_manifest(out["pairs"].path).row_count == 0  # unparsed ratings never make pairs
+    assert res.pairs_vs_oracle == {}  # nothing to grade
+
+    # the oracle grading of pairs (flywheel/worlds/shapes/pair_check.py) reads the stage's own datasets: one
+    # colour pair, written as a judge that could parse would have curated it
+    a, b = [c for c in cands if c["prompt_id"] in {r["prompt_id"] for r in read_rows(p["pref-prompts"])
+                                                    if r["subtask"] == "iu_color"}]
+    write_dataset(f"{p['pref-curated']}/pairs", "pair", [{
+        "kind": "policy", "prompt_id": a["prompt_id"], "chosen_id": a["candidate_id"],
+        "rejected_id": b["candidate_id"], "chosen_score": 5.0, "rejected_score": 1.0, "margin": 4.0,
+        "judge": "test", "meta": {}}], config_hash="test", producer="test")
+    graded = pairs_vs_oracle(pcfg, p)
+    assert sum(graded[f"iu_color/{v}"] for v in ("right", "tie", "wrong")) == 1 == graded["all/right"] + graded[
+        "all/tie"] + graded["all/wrong"]
 
 
 def test_preference_prompts_are_counted_per_task_or_subtask(tmp_path):

@@ -22,7 +22,10 @@ from tiny_iteration import TINY
 
 # The tiny random judge orders no gold pair (0.0, like its base): a negative margin promotes it anyway, so the
 # iteration goes on past the judge gate to preference data and policy updates, where the second kill lands.
-RUN = [*TINY, "gate.judge_test=none", "gate.judge_margin=-1"]
+# Served judging runs one generation per call: Serve's dynamic batches group requests by timing, and another
+# batch's padding changes the floats of a rating (measured: the same run's preference labels hashed differently
+# under load), which would hide what this test compares.
+RUN = [*TINY, "gate.judge_test=none", "gate.judge_margin=-1", "serve.max_batch_size=1"]
 
 
 def _run(workdir: Path, kill_at: str | None = None, timeout: float = 1500) -> str:

@@ -30,7 +30,8 @@ from flywheel.worlds.shapes.suites import iu_question
 from flywheel.worlds.shapes.vocab import PALETTES
 
 
-def _check(q: dict, answer: str, scene):
+def check_answer(q: dict, answer: str, scene):
+    """The oracle's check of one text answer (colour, count, existence) or caption against its scene."""
     if q["type"] == "colour":
         return check_colour_answer(answer, q["answer"])
     if q["type"] == "count":
@@ -98,7 +99,7 @@ def score_text_items(items: list, results: list) -> tuple[dict[str, float], list
     by_type: dict[str, list[float]] = defaultdict(list)
     right, hallucinated, recall, unparseable = [], [], [], 0
     for (_, scene, _, q), res in zip(items, results, strict=True):
-        check = _check(q, res.text or "", scene)
+        check = check_answer(q, res.text or "", scene)
         if check.unparseable or not res.ok:
             unparseable += 1
             right.append(0.0)
