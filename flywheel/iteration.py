@@ -61,8 +61,12 @@ class StageClock:
         return total
 
 
+def iteration_dir(cfg: Config, n: int) -> str:
+    return storage.join(cfg.storage.uri, "iterations", f"{n:03d}")
+
+
 def paths(cfg: Config, n: int) -> dict[str, str]:
-    it = storage.join(cfg.storage.uri, "iterations", f"{n:03d}")
+    it = iteration_dir(cfg, n)
     names = ("prompts", "prompts-train", "candidates", "labels", "curated", "meta-eval", "meta-eval-baseline",
              "pref-prompts", "pref-candidates", "pref-labels", "pref-curated")
     # One gold set serves every iteration, and the teacher is the same in each: its meta-eval sits beside the
@@ -89,7 +93,7 @@ def run_iteration(cfg: Config, n: int, tracker: Tracker | None = None) -> Iterat
     from flywheel.models.zoo import build_world
     from flywheel.stages import candidates, curate, gold, judgments, prompts
 
-    it_dir = storage.join(cfg.storage.uri, "iterations", f"{n:03d}")
+    it_dir = iteration_dir(cfg, n)
     record = start_record(cfg, n)
     if record.finished:
         return _finished_earlier(cfg, record)
@@ -110,9 +114,9 @@ def run_iteration(cfg: Config, n: int, tracker: Tracker | None = None) -> Iterat
                 yield
             res.seconds[name] = clock.finished(name, time.perf_counter() - t0)
 
-        judge0, policy0, generator0 = (record.start[role] for role in ROLES)
-        res.models = {"judge_start": judge0, "policy_start": policy0, "generator_start": generator0}
-        start = with_models(cfg, judge=judge0, policy=policy0, generator=generator0)
+        judge0 = record.start["judge"]
+        res.models = _start_models(record)
+        start = with_models(cfg, **record.start)
 
         with stage("models"):
             build_world(cfg)
@@ -169,7 +173,7 @@ def run_iteration(cfg: Config, n: int, tracker: Tracker | None = None) -> Iterat
 def start_record(cfg: Config, n: int) -> IterationRecord:
     """Iteration n's record: the one an earlier run wrote (its start models pinned), else a new one starting
     from the current champions (saved once the iteration's MLflow run is open)."""
-    record = IterationRecord.load(storage.join(cfg.storage.uri, "iterations", f"{n:03d}"))
+    record = IterationRecord.load(iteration_dir(cfg, n))
     if record is None:
         return IterationRecord(n, cfg.hash(), {role: current(cfg, role) for role in ROLES})
     if not record.finished:
@@ -188,8 +192,12 @@ def _finished_earlier(cfg: Config, record: IterationRecord) -> IterationResult:
     if record.config_hash != cfg.hash():
         log.warning("iteration %d finished with config %s, not this one (%s): its results stand; to redo it, "
                     "use a new run.workdir", n, record.config_hash, cfg.hash())
-    return IterationResult(n, record.run_id or "", decisions=record.decisions,
-                           models={f"{role}_start": ref for role, ref in record.start.items()}, skipped=True)
+    return IterationResult(n, record.run_id or "", decisions=record.decisions, models=_start_models(record),
+                           skipped=True)
+
+
+def _start_models(record: IterationRecord) -> dict[str, str]:
+    return {f"{role}_start": record.start[role] for role in ROLES}
 
 
 def _metric(results: dict, dotted: str) -> float:

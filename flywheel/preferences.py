@@ -93,12 +93,18 @@ def make_preferences(start: Config, cfg: Config, p: dict[str, str], n: int, trac
 def pairs_vs_oracle(cfg: Config, p: dict[str, str]) -> dict[str, float]:
     """How the iteration's preference pairs agree with the oracle (flywheel/worlds/shapes/pair_check.py); empty
     when no pair's prompt carries ground truth (data from outside the shapes world)."""
-    from flywheel.datasets import read_rows
+    from flywheel.datasets import iter_dataset_rows, read_rows
     from flywheel.worlds.shapes.pair_check import pair_agreement
 
     pairs = read_rows(f"{p['pref-curated']}/pairs")
-    prompts = {r["prompt_id"]: r for r in read_rows(p["pref-prompts"])}
-    candidates = {r["candidate_id"]: r for r in read_rows(p["pref-candidates"])}
+    if not pairs:
+        return {}
+    # only the rows the pairs name: candidates carry images, and most candidates make no pair
+    prompt_ids = {pair["prompt_id"] for pair in pairs}
+    candidate_ids = {pair[k] for pair in pairs for k in ("chosen_id", "rejected_id")}
+    prompts = {r["prompt_id"]: r for r in iter_dataset_rows(p["pref-prompts"]) if r["prompt_id"] in prompt_ids}
+    candidates = {r["candidate_id"]: r for r in iter_dataset_rows(p["pref-candidates"])
+                  if r["candidate_id"] in candidate_ids}
     agreement = pair_agreement(pairs, prompts, candidates, cfg.world.shapes)
-    return agreement if agreement.get("all/right", 0) + agreement.get("all/wrong", 0) + agreement.get(
-        "all/tie", 0) else {}
+    graded = sum(agreement.get(f"all/{verdict}", 0) for verdict in ("right", "tie", "wrong"))
+    return agreement if graded else {}
