@@ -21,7 +21,7 @@ samples, with the held-out curves the training records.
 
     .venv/bin/python bench/policy_updates.py [--policy llava|sdxl|both] [--methods dpo,bon_sft] [--overopt]
         [--llava-steps 150] [--sdxl-steps 150] [--llava-captions 320] [--sdxl-prompts 96]
-        [--models-from /path/to/a/workdir/models] [--workdir runs/bench-policy-updates]
+        [--models-from /path/to/a/workdir/models] [--workdir runs/bench-policy-updates] [--set KEY=VALUE ...]
 
 Default (both policies; dpo and bon_sft; 150 steps each; ~400 LLaVA pairs from 320 captions + 3 x 40 questions,
 ~96 SDXL pairs from 96 prompts, 20% of them held out): 23 min on the 2-core box under a load average of 9-11, 9 of
@@ -49,6 +49,8 @@ PAIR_STREAM = 1  # pair sources: neither the gate's nor the held-out evaluation'
 OVEROPT = {"llava": ["train.policy_dpo.beta=0.1", "train.policy_dpo.lr=1e-3"],
            "sdxl": ["train.diffusion_dpo.beta=500", "train.diffusion_dpo.lr=1e-4"]}
 TRAINING = {"llava": "policy_dpo", "sdxl": "diffusion_dpo"}
+LLAVA_PAIRS_VERSION = 2  # 2: `others` items of each question type (1 took 3 x others colour items first)
+BASE_MODEL = {"llava": "policy", "sdxl": "generator"}  # config.models.<name> of each benched policy
 METHODS = {"llava": ("dpo", "dpo_sft", "bon_sft"), "sdxl": ("dpo", "bon_sft")}
 
 
@@ -73,7 +75,7 @@ def llava_pairs(cfg, captions: int, others: int, samples: int) -> tuple[str, flo
     from flywheel.worlds.shapes.render import render
 
     path = resolve_model_path(cfg.models.policy, cfg)
-    key = hashlib.sha256(json.dumps([path, captions, others, samples, cfg.run.seed,
+    key = hashlib.sha256(json.dumps([path, captions, others, samples, cfg.run.seed, LLAVA_PAIRS_VERSION,
                                      cfg.policy.generation.model_dump()]).encode()).hexdigest()[:16]
     uri = f"{cfg.storage.uri}/bench/llava-pairs"
     if _cached(uri, key):
@@ -82,7 +84,8 @@ def llava_pairs(cfg, captions: int, others: int, samples: int) -> tuple[str, flo
     world = cfg.world.shapes
     pool = text_items(world, 4 * captions, seed=cfg.run.seed, stream=PAIR_STREAM)  # the 4 types in turn
     items = [it for it in pool if it[3]["type"] == "caption"]
-    items += [it for t in ("colour", "count", "existence") for it in pool if it[3]["type"] == t][: 3 * others]
+    items += [it for t in ("colour", "count", "existence")
+              for it in [x for x in pool if x[3]["type"] == t][:others]]
     engine = HFTextEngine(path, cfg.policy.generation)
     outs = [[r.text or "" for r in engine.generate(text_requests(items, world), seed=k)] for k in range(samples)]
     rows = []
@@ -216,6 +219,8 @@ def main() -> None:
     p.add_argument("--workdir", default=str(REPO_ROOT / "runs" / "bench-policy-updates"))
     p.add_argument("--models-from", default=None, help="a workdir's models/ folder to copy cached models from")
     p.add_argument("--threads", type=int, default=2, help="torch threads for sampling and per training worker")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="sets",
+                   help="a config override for every training run, e.g. train.policy_dpo.lr=2e-4 (repeatable)")
     args = p.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
 
@@ -235,13 +240,17 @@ def main() -> None:
                  "train.max_failures=0", "train.save_steps=100000", "train.logging_steps=5",
                  f"train.policy_dpo.max_steps={args.llava_steps}", f"train.diffusion_dpo.max_steps={args.sdxl_steps}",
                  f"train.diffusion_dpo.heldout.pairs_fraction={args.sdxl_heldout_pairs}",
-                 "train.diffusion_dpo.heldout.pairs_noise_draws=8"]
+                 "train.diffusion_dpo.heldout.pairs_noise_draws=8", *args.sets]
     cfg = load_config(REPO_ROOT / "configs" / "local.yaml", overrides)
     torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
-    build_world(cfg)  # cached: a no-op when the models are there
-    print(f"workdir {workdir}; base policies ready in {time.perf_counter() - t0:.0f} s")
     policies = ("llava", "sdxl") if args.policy == "both" else (args.policy,)
+    # only the base policies benched (build_world skips a model not named world:<name>); cached: a no-op
+    unused = sorted({"judge", "policy", "generator"} - {BASE_MODEL[p] for p in policies})
+    build_world(load_config(REPO_ROOT / "configs" / "local.yaml",
+                            overrides + [f"models.{m}.path=zoo:{m}" for m in unused]))
+    print(f"workdir {workdir}; base policies ready in {time.perf_counter() - t0:.0f} s"
+          + (f"; overrides: {' '.join(args.sets)}" if args.sets else ""))
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     data = {}
     for policy in policies:
