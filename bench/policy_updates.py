@@ -64,6 +64,16 @@ def _cached(uri: str, key: str) -> bool:
         return False
 
 
+def llava_items(world, captions: int, others: int, seed: int) -> list:
+    """The LLaVA pair items: `captions` caption items, then `others` of each question type (fewer when the pool
+    of 4 x max(captions, others) items, the 4 types in turn, has fewer)."""
+    from flywheel.worlds.shapes.policy_eval import text_items
+
+    pool = text_items(world, 4 * max(captions, others), seed=seed, stream=PAIR_STREAM)
+    by_type = {t: [it for it in pool if it[3]["type"] == t] for t in ("caption", "colour", "count", "existence")}
+    return by_type["caption"][:captions] + [it for t in ("colour", "count", "existence") for it in by_type[t][:others]]
+
+
 def llava_pairs(cfg, captions: int, others: int, samples: int) -> tuple[str, float]:
     """(dataset uri, seconds): pairs from the base LLaVA's own samples, graded by the oracle's checker."""
     from flywheel.datasets import write_dataset
@@ -71,7 +81,7 @@ def llava_pairs(cfg, captions: int, others: int, samples: int) -> tuple[str, flo
     from flywheel.images import to_png_bytes
     from flywheel.models.zoo import resolve_model_path
     from flywheel.worlds.shapes.policy_eval import check_answer as oracle_check  # the held-out scorer's check
-    from flywheel.worlds.shapes.policy_eval import text_items, text_requests
+    from flywheel.worlds.shapes.policy_eval import text_requests
     from flywheel.worlds.shapes.render import render
 
     path = resolve_model_path(cfg.models.policy, cfg)
@@ -82,10 +92,7 @@ def llava_pairs(cfg, captions: int, others: int, samples: int) -> tuple[str, flo
         return uri, 0.0
     t0 = time.perf_counter()
     world = cfg.world.shapes
-    pool = text_items(world, 4 * captions, seed=cfg.run.seed, stream=PAIR_STREAM)  # the 4 types in turn
-    items = [it for it in pool if it[3]["type"] == "caption"]
-    items += [it for t in ("colour", "count", "existence")
-              for it in [x for x in pool if x[3]["type"] == t][:others]]
+    items = llava_items(world, captions, others, cfg.run.seed)
     engine = HFTextEngine(path, cfg.policy.generation)
     outs = [[r.text or "" for r in engine.generate(text_requests(items, world), seed=k)] for k in range(samples)]
     rows = []
