@@ -252,10 +252,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
     policies = ("llava", "sdxl") if args.policy == "both" else (args.policy,)
-    # only the base policies benched (build_world skips a model not named world:<name>); cached: a no-op
-    unused = sorted({"judge", "policy", "generator"} - {BASE_MODEL[p] for p in policies})
-    build_world(load_config(REPO_ROOT / "configs" / "local.yaml",
-                            overrides + [f"models.{m}.path=zoo:{m}" for m in unused]))
+    build_world(cfg, only=[BASE_MODEL[p] for p in policies])  # only the benched base policies; cached: a no-op
     print(f"workdir {workdir}; base policies ready in {time.perf_counter() - t0:.0f} s"
           + (f"; overrides: {' '.join(args.sets)}" if args.sets else ""))
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]

@@ -15,6 +15,7 @@ import hashlib
 import json
 import logging
 import shutil
+from collections.abc import Iterable
 from pathlib import Path
 
 import torch
@@ -87,15 +88,17 @@ def world_path(cfg: Config, name: str) -> Path:
     return make(zoo_path(cfg, name), zoo_root(cfg), w.shapes, w.base_policies, cfg.run.seed)
 
 
-def build_world(cfg: Config) -> dict[str, tuple[Path, dict]]:
-    """Build the zoo, then the world's base policies the config uses (cached); name -> (folder, metrics)."""
+def build_world(cfg: Config, only: Iterable[str] | None = None) -> dict[str, tuple[Path, dict]]:
+    """Build the zoo, then the world's base policies the config uses (cached); name -> (folder, metrics).
+    only: of those, just these names (e.g. a bench of the policy alone need not build the judge base)."""
     from flywheel.worlds.shapes.base_policies import build_base_generator, build_base_judge, build_base_policy
 
     builders = {"judge": build_base_judge, "policy": build_base_policy, "generator": build_base_generator}
+    wanted = set(WORLD_NAMES if only is None else only)
     zoo = build_zoo(cfg)
     w = cfg.world
     return {m: builders[m](zoo[m], zoo_root(cfg), w.shapes, w.base_policies, cfg.run.seed)
-            for m in WORLD_NAMES if getattr(cfg.models, m).path == WORLD_PREFIX + m}
+            for m in WORLD_NAMES if m in wanted and getattr(cfg.models, m).path == WORLD_PREFIX + m}
 
 
 def resolve_model_path(ref: ModelRef, cfg: Config) -> str:

@@ -172,3 +172,15 @@ def test_judge_depth_is_its_own_and_renames_only_the_judge(tmp_path):
     build_judge(deep.models.zoo, tmp_path / "deep")
     cfg = json.loads((tmp_path / "deep" / "config.json").read_text())
     assert cfg["text_config"]["num_hidden_layers"] == 3 != unset.models.zoo.text_layers
+
+
+def test_build_world_builds_only_the_named_base_policies(tmp_path):
+    from flywheel.models.zoo import build_world, world_path
+
+    cfg = load_config(REPO_ROOT / "configs/local.yaml", [f"run.workdir={tmp_path}"])  # all three are world:<name>
+    cached = world_path(cfg, "policy")
+    cached.mkdir(parents=True)
+    (cached / ".complete").write_text('{"sft_loss": 0.5}')  # a finished build: found, not trained again
+    assert build_world(cfg, only=["policy"]) == {"policy": (cached, {"sft_loss": 0.5})}
+    assert not world_path(cfg, "judge").exists() and not world_path(cfg, "generator").exists()
+    assert build_world(cfg, only=[]) == {}
