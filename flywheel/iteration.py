@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -24,6 +23,7 @@ import mlflow
 from flywheel import gate, storage
 from flywheel.config import Config
 from flywheel.iteration_record import ROLES, IterationRecord
+from flywheel.stage_clock import StageClock
 from flywheel.track import Tracker
 
 log = logging.getLogger(__name__)
@@ -41,24 +41,6 @@ class IterationResult:
     models: dict[str, str] = field(default_factory=dict)
     pairs_vs_oracle: dict[str, float] = field(default_factory=dict)  # preference pairs the oracle agrees with
     skipped: bool = False  # finished by an earlier run (flywheel/iteration_record.py)
-
-
-class StageClock:
-    """Seconds each finished stage of one iteration took, kept beside its data: a resumed run skips the stages an
-    earlier (killed) run finished, and reports the time they took then instead of the moment the skip took."""
-
-    def __init__(self, uri: str):
-        self.uri = uri
-        self.done: dict[str, float] = json.loads(storage.read_bytes(uri)) if storage.exists(uri) else {}
-
-    def finished(self, name: str, seconds: float) -> float:
-        """The stage's total over the runs that worked on it, recorded before the next stage starts."""
-        total = self.done.get(name, 0.0) + seconds
-        if name in self.done:
-            log.info("stage %s: finished by an earlier run in %.1f s (%.1f s now)", name, self.done[name], seconds)
-        self.done[name] = total
-        storage.write_bytes(self.uri, json.dumps(self.done, indent=1).encode())
-        return total
 
 
 def iteration_dir(cfg: Config, n: int) -> str:
@@ -108,11 +90,10 @@ def run_iteration(cfg: Config, n: int, tracker: Tracker | None = None) -> Iterat
 
         @contextmanager
         def stage(name: str):
-            t0 = time.perf_counter()
-            with tracker.stage(name):
+            with clock.stage(name), tracker.stage(name):
                 log.info("iteration %d: stage %s", n, name)
                 yield
-            res.seconds[name] = clock.finished(name, time.perf_counter() - t0)
+            res.seconds[name] = clock.done[name]
 
         judge0 = record.start["judge"]
         res.models = _start_models(record)
@@ -373,7 +354,7 @@ def _markdown(s: dict) -> str:
             f"{t} {pv[f'{t}/right']:.0f}/{pv[f'{t}/tie']:.0f}/{pv[f'{t}/wrong']:.0f} ({_cell(pv[f'{t}/precision'])})"
             for t in keys)]
     lines += ["", "Galleries of chosen vs rejected samples: Artifacts → `gallery/`.", "",
-              "| stage | seconds |", "|---|---|"] + [f"| {k} | {v:.1f} |" for k, v in s["seconds"].items()]
+              "| stage | seconds (all runs that worked on it) |", "|---|---|"] + [f"| {k} | {v:.1f} |" for k, v in s["seconds"].items()]
     lines += ["", "| dataset | rows | kept |", "|---|---|---|"]
     for k, v in s["counts"].items():
         src = s["counts"].get(RETENTION.get(k, ""))

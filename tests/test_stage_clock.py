@@ -1,6 +1,21 @@
-"""An iteration's stage clock: a resumed run reports the time a stage took in the run that finished it."""
+"""An iteration's stage clock: a resumed run reports the time a stage took in the run that finished it, plus the
+time earlier runs spent on it without finishing (they raised, or were killed)."""
 
-from flywheel.iteration import StageClock
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from flywheel.stage_clock import StageClock
+
+
+def _state(uri) -> dict:
+    with open(uri) as f:
+        return json.load(f)
 
 
 def test_a_stage_finished_before_a_kill_keeps_its_time(tmp_path):
@@ -12,3 +27,66 @@ def test_a_stage_finished_before_a_kill_keeps_its_time(tmp_path):
     assert resumed.finished("candidates", 0.2) == 30.2
     assert resumed.finished("labels", 12.0) == 12.0
     assert StageClock(uri).done == {"candidates": 30.2, "labels": 12.0}
+
+
+def test_a_stage_that_raised_keeps_its_time_for_the_run_that_finishes_it(tmp_path):
+    uri = str(tmp_path / "stage-seconds.json")
+    clock = StageClock(uri, heartbeat_s=60)
+    with pytest.raises(RuntimeError, match="worker died"), clock.stage("labels"):
+        time.sleep(0.3)
+        raise RuntimeError("worker died")
+    assert "labels" not in clock.done
+    lost = _state(uri)["unfinished"]["labels"]
+    assert lost >= 0.3
+    resumed = StageClock(uri)
+    with resumed.stage("labels"):
+        time.sleep(0.1)
+    assert resumed.done["labels"] >= lost + 0.1
+    assert _state(uri) == {"finished": {"labels": resumed.done["labels"]}, "unfinished": {}}
+
+
+def test_a_retry_in_the_same_process_adds_up_every_attempt(tmp_path):
+    clock = StageClock(str(tmp_path / "s.json"), heartbeat_s=60)
+    for _ in range(2):
+        with pytest.raises(ValueError), clock.stage("judge-sft"):
+            time.sleep(0.1)
+            raise ValueError
+    with clock.stage("judge-sft"):
+        pass
+    assert clock.done["judge-sft"] >= 0.2
+
+
+KILLED = """
+import sys, time
+from flywheel.stage_clock import StageClock
+clock = StageClock(sys.argv[1], heartbeat_s=0.1)
+clock.finished("candidates", 3.0)
+with clock.stage("labels"):
+    print("in stage", flush=True)
+    time.sleep(60)
+"""
+
+
+def test_a_sigkilled_stage_keeps_the_time_up_to_its_last_heartbeat(tmp_path):
+    uri = str(tmp_path / "stage-seconds.json")
+    proc = subprocess.Popen([sys.executable, "-c", KILLED, uri], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "in stage"
+    time.sleep(1.0)
+    os.kill(proc.pid, signal.SIGKILL)  # no handler, no finally: only the heartbeat's writes survive
+    proc.wait()
+    state = _state(uri)
+    assert state["finished"] == {"candidates": 3.0}
+    assert 0.7 <= state["unfinished"]["labels"] <= 5.0
+    resumed = StageClock(uri)
+    with resumed.stage("labels"):
+        pass
+    assert resumed.done["labels"] >= 0.7
+
+
+def test_the_earlier_flat_file_is_read_as_finished_stages(tmp_path):
+    uri = tmp_path / "stage-seconds.json"
+    uri.write_text(json.dumps({"candidates": 30.0}))
+    clock = StageClock(str(uri))
+    assert clock.done == {"candidates": 30.0} and clock.unfinished == {}
+    assert clock.finished("labels", 2.0) == 2.0
+    assert _state(uri) == {"finished": {"candidates": 30.0, "labels": 2.0}, "unfinished": {}}

@@ -1,0 +1,88 @@
+"""Wall time per stage of one iteration, over every run that worked on it, kept beside the iteration's data.
+
+A resumed run skips the stages an earlier run finished and reports the time they took then, not the moment the skip
+took. A stage that did not finish (it raised, or the driver was killed) keeps the time spent on it too: on an
+exception the time is written as the exception passes, and while a stage runs a heartbeat thread writes it every
+few seconds, so a SIGKILL loses at most one heartbeat. The next run that finishes the stage reports the sum.
+
+The file (`<iteration>/stage-seconds.json`): {"finished": {stage: seconds}, "unfinished": {stage: seconds}}.
+Files written before unfinished stages were kept hold the finished map alone, and are read as such.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from flywheel import storage
+
+log = logging.getLogger(__name__)
+
+
+class StageClock:
+    def __init__(self, uri: str, heartbeat_s: float = 10.0):
+        self.uri = uri
+        self.heartbeat_s = heartbeat_s
+        state = json.loads(storage.read_bytes(uri)) if storage.exists(uri) else {}
+        if not isinstance(state.get("finished"), dict):  # the earlier flat form: finished stages only
+            state = {"finished": state, "unfinished": {}}
+        self.done: dict[str, float] = state["finished"]
+        # seconds earlier runs spent on stages they did not finish
+        self.unfinished: dict[str, float] = state.get("unfinished", {})
+        self._lock = threading.Lock()
+
+    @contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        """Times the block; afterwards `done[name]` is the stage's total over every run that worked on it."""
+        t0 = time.perf_counter()
+        stop = threading.Event()
+
+        def heartbeat() -> None:
+            while not stop.wait(self.heartbeat_s):
+                self._save_unfinished(name, time.perf_counter() - t0)
+
+        beat = threading.Thread(target=heartbeat, name=f"stage-clock-{name}", daemon=True)
+        beat.start()
+        try:
+            yield
+        except BaseException:
+            stop.set()
+            beat.join()
+            spent = self._save_unfinished(name, time.perf_counter() - t0, keep=True)
+            log.info("stage %s did not finish: %.1f s spent on it so far (%s)", name, spent, self.uri)
+            raise
+        stop.set()
+        beat.join()
+        self.finished(name, time.perf_counter() - t0)
+
+    def finished(self, name: str, seconds: float) -> float:
+        """The stage's total over the runs that worked on it, recorded before the next stage starts."""
+        with self._lock:
+            before, lost = self.done.get(name, 0.0), self.unfinished.pop(name, 0.0)
+            if name in self.done:
+                log.info("stage %s: finished by an earlier run in %.1f s (%.1f s now)", name, before, seconds)
+            elif lost:
+                log.info("stage %s: %.1f s now, after %.1f s in earlier runs that did not finish it", name,
+                         seconds, lost)
+            self.done[name] = before + lost + seconds
+            self._write()
+            return self.done[name]
+
+    def _save_unfinished(self, name: str, seconds: float, keep: bool = False) -> float:
+        """Writes this run's time on an unfinished stage on top of what earlier runs spent on it; keep: the stage
+        ended here (raised), so that sum becomes what a retry in this process starts from."""
+        with self._lock:
+            spent = self.unfinished.get(name, 0.0) + seconds
+            unfinished = {**self.unfinished, name: spent}
+            if keep:
+                self.unfinished = unfinished
+            self._write(unfinished)
+            return spent
+
+    def _write(self, unfinished: dict[str, float] | None = None) -> None:
+        state = {"finished": self.done, "unfinished": self.unfinished if unfinished is None else unfinished}
+        storage.write_bytes(self.uri, json.dumps(state, indent=1).encode())
