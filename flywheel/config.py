@@ -757,6 +757,9 @@ STAGE_SECTIONS: dict[str, tuple[str, ...]] = {
     "judgments-judge": ("run.seed", "judgments", "judge", "models.judge", "models.zoo", "teacher", "world.shapes",
                         "limits"),
     "gold": ("run.seed", "world.shapes", "world.gold", "limits"),
+    # a downstream evaluation's held-out items and decoding (flywheel/evaluate/downstream.py)
+    "downstream-policy": ("run.seed", "world.shapes", "gate.eval_items", "policy.generation"),
+    "downstream-generator": ("run.seed", "world.shapes", "gate.eval_items", "generator.generation"),
     "candidates": ("run.seed", "models.policy", "models.generator", "models.zoo", "policy", "generator",
                    "candidates", "world.base_policies"),
 }
