@@ -111,6 +111,52 @@ def eval_judge(data: Annotated[Path, typer.Option(help="Labeled JSONL (format: f
         console.print(f"  {k:36s} {v:.4f}")
 
 
+@app.command("report")
+def report(config: ConfigOpt = Path("configs/local.yaml"), overrides: Overrides = None,
+           as_json: Annotated[bool, typer.Option("--json", help="One JSON object per iteration instead.")] = False
+           ) -> None:
+    """The flywheel's progress across iterations, from MLflow: the judge vs gold beside its noisy teacher, the
+    policies before and after their updates, promotions and wall time."""
+    import json
+    import os
+
+    from rich.table import Table
+
+    from flywheel.report import iteration_rows
+
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # a bar per summary read
+    cfg = _load(config, overrides)
+    rows = iteration_rows(cfg)
+    if as_json:
+        for r in rows:
+            typer.echo(json.dumps(r.to_dict()))
+        return
+    if not rows:
+        console.print(f"no iterations in experiment {cfg.experiment!r} of {cfg.tracking.uri}")
+        raise typer.Exit(1)
+    cols = [f"{s}/{c}" for s in ("id", "ood") for c in ("ranking", "pairwise", "pearson")]
+    t = Table(title=f"{cfg.experiment}: the judge vs gold, the policies before → after (oracle)")
+    for name in ["iteration", "status", *cols, "LLaVA accuracy", "SDXL score10", "promoted", "seconds"]:
+        t.add_column(name, justify="left" if name in ("status", "promoted") else "right")
+
+    def num(v: float | None) -> str:
+        return "—" if v is None or v != v else f"{v:.3f}"
+
+    def move(role: str, r) -> str:
+        d = r.downstream.get(role)
+        return f"{num(d['before'])} → {num(d['after'])}" if d else "—"
+
+    for r in rows:
+        promoted = ", ".join(m for m, p in r.promoted.items() if p) or ("none" if r.promoted else "—")
+        t.add_row(str(r.iteration), r.status, *(num(r.judge.get(c)) for c in cols), move("policy", r),
+                  move("generator", r), promoted, "—" if r.seconds != r.seconds else f"{r.seconds:.0f}")
+    teacher = next((r.teacher for r in reversed(rows) if r.teacher), None)
+    if teacher:  # judged once on the shared gold set: the bar the judge aims at
+        t.add_row("teacher", "(noisy)", *(num(teacher.get(c)) for c in cols), end_section=True)
+    console.print(t)
+    console.print("Each iteration's whole summary: its MLflow run's description and summary/summary.json.")
+
+
 @app.command("smoke")
 def smoke(config: ConfigOpt = Path("configs/local.yaml"), overrides: Overrides = None) -> None:
     """Build the tiny models and run each engine once (judge, policy, generator), logged to MLflow."""

@@ -1,0 +1,87 @@
+"""The flywheel's progress across iterations, read back from MLflow: one row per iteration with the judge's
+meta-eval beside the noisy teacher's, the policies' downstream scores before and after their updates, the gate
+decisions and the wall time. Each row comes from the iteration's `summary/summary.json` (flywheel/iteration.py);
+an iteration still running or killed before its summary has a row with its status and nothing else.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from flywheel.config import Config
+
+# The judge metrics a row shows: (column, split, metric key of flywheel/evaluate/meta.py)
+JUDGE_METRICS = (("ranking", "all/pointwise_ranking/accuracy"), ("pairwise", "all/pairwise/accuracy"),
+                 ("pearson", "all/pointwise/pearson"))
+SPLITS = {"id": "id-test", "ood": "ood-test"}
+# role in the summary's downstream -> the metric shown (gate.policy_metric / gate.generator_metric by default)
+DOWNSTREAM = {"policy": "accuracy", "generator": "score10"}
+
+
+@dataclass
+class IterationRow:
+    iteration: int
+    run_id: str
+    status: str
+    judge: dict[str, float] = field(default_factory=dict)  # "<split>/<column>", e.g. "id/ranking"
+    teacher: dict[str, float] = field(default_factory=dict)
+    downstream: dict[str, dict[str, float]] = field(default_factory=dict)  # role -> {"before", "after"}
+    promoted: dict[str, bool] = field(default_factory=dict)  # registered model -> promoted in this iteration
+    seconds: float = math.nan
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _judge_metrics(meta: dict) -> dict[str, float]:
+    return {f"{short}/{col}": float(meta[split][key]) for short, split in SPLITS.items() if split in meta
+            for col, key in JUDGE_METRICS if key in meta[split]}
+
+
+def row_of(iteration: int, run_id: str, status: str, summary: dict | None,
+           metrics: dict[str, str] | None = None) -> IterationRow:
+    """One iteration's row from its summary (None: it wrote none yet). `metrics` names the downstream metric
+    per role when the gate used others than DOWNSTREAM's."""
+    row = IterationRow(iteration, run_id, status)
+    if summary is None:
+        return row
+    meta = summary.get("meta_eval", {})
+    row.judge = _judge_metrics(meta.get("challenger", {}))
+    row.teacher = _judge_metrics(meta.get("teacher", {}))
+    for role, d in summary.get("downstream", {}).items():
+        name = (metrics or DOWNSTREAM).get(role, DOWNSTREAM.get(role, ""))
+        if name in d.get("after", {}):
+            row.downstream[role] = {"before": float(d["before"].get(name, math.nan)), "after": float(d["after"][name])}
+    for d in summary.get("decisions", []):  # a refused update and the gated one both name the model
+        row.promoted[d["model"]] = row.promoted.get(d["model"], False) or bool(d["promoted"])
+    row.seconds = float(sum(summary.get("seconds", {}).values()))
+    return row
+
+
+def iteration_rows(cfg: Config) -> list[IterationRow]:
+    """Every iteration of the config's experiment, oldest first; the latest run of an iteration number wins."""
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+
+    client = MlflowClient(tracking_uri=cfg.tracking.uri)
+    exp = client.get_experiment_by_name(cfg.experiment)
+    if exp is None:
+        return []
+    runs = client.search_runs([exp.experiment_id], "tags.`flywheel.iteration` != ''", order_by=["start_time ASC"],
+                              max_results=10_000)
+    latest = {int(r.data.tags["flywheel.iteration"]): r for r in runs if "mlflow.parentRunId" not in r.data.tags}
+    metrics = {"policy": cfg.gate.policy_metric, "generator": cfg.gate.generator_metric}
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for n, run in sorted(latest.items()):
+            try:
+                got = client.download_artifacts(run.info.run_id, "summary/summary.json", f"{tmp}/{n}")
+                summary = json.loads(Path(got).read_text())
+            except (MlflowException, OSError):
+                summary = None  # running, or killed before its summary
+            rows.append(row_of(n, run.info.run_id, run.info.status, summary, metrics))
+    return rows

@@ -1,0 +1,90 @@
+"""`flywheel report`: the iterations of a real MLflow store, read back from their summaries - the judge beside
+its teacher, the policies before and after, promotions and time; a killed iteration shows its status alone."""
+
+import json
+import math
+
+import mlflow
+import pytest
+from typer.testing import CliRunner
+
+from flywheel.cli import app
+from flywheel.config import load_config
+from flywheel.gate import Decision
+from flywheel.iteration import IterationResult, _summarize
+from flywheel.report import iteration_rows, row_of
+from flywheel.track import Tracker
+
+
+def _decision(model: str, promoted: bool) -> dict:
+    return Decision(model=model, challenger=f"models:/{model}/2", champion=None, metric="m", challenger_value=0.8,
+                    champion_value=0.6, margin=0.0, promoted=promoted, reason="r").to_dict()
+
+
+def _meta(ranking: float) -> dict:
+    return {"id-test": {"all/pointwise_ranking/accuracy": ranking, "all/pairwise/accuracy": 0.3,
+                        "all/pointwise/pearson": 0.5},
+            "ood-test": {"all/pointwise_ranking/accuracy": ranking + 0.1}}
+
+
+def _iteration(tracker: Tracker, n: int, ranking: float | None, promoted: bool = False) -> str:
+    with tracker.iteration(n) as parent:
+        with tracker.stage("prompts"):
+            pass
+        if ranking is not None:  # None: killed before its summary
+            res = IterationResult(n, parent.info.run_id, seconds={"prompts": 1.5, "judge-sft": 300.0})
+            res.meta_eval = {"challenger": _meta(ranking), "teacher": _meta(0.95)}
+            res.downstream = {"policy": {"before": {"accuracy": 0.43}, "after": {"accuracy": 0.48}},
+                              "generator": {"before": {"score10": 4.4}, "after": {"score10": 4.38}}}
+            res.decisions = [_decision("judge", promoted), _decision("policy-llava", False),
+                             _decision("policy-llava", False)]
+            _summarize(res)
+    return parent.info.run_id
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    wd = tmp_path_factory.mktemp("report") / "wd"
+    tracker = Tracker(load_config(None, [f"run.workdir={wd}", "run.name=report-test"]))
+    _iteration(tracker, 0, 0.63, promoted=True)
+    _iteration(tracker, 1, 0.70)  # an earlier run of iteration 1 ...
+    _iteration(tracker, 1, 0.73, promoted=True)  # ... and the one that counts
+    _iteration(tracker, 2, None)
+    mlflow.set_tracking_uri(None)
+    return wd
+
+
+def test_rows_come_from_each_iterations_latest_run(workdir):
+    rows = iteration_rows(load_config(None, [f"run.workdir={workdir}", "run.name=report-test"]))
+    assert [r.iteration for r in rows] == [0, 1, 2]
+    assert rows[1].judge == {"id/ranking": 0.73, "id/pairwise": 0.3, "id/pearson": 0.5,
+                             "ood/ranking": pytest.approx(0.83)}
+    assert rows[1].teacher["id/ranking"] == 0.95
+    assert rows[1].downstream == {"policy": {"before": 0.43, "after": 0.48},
+                                  "generator": {"before": 4.4, "after": 4.38}}
+    assert rows[1].promoted == {"judge": True, "policy-llava": False} and rows[1].seconds == 301.5
+    assert rows[2].status == "FINISHED" and rows[2].judge == {} and math.isnan(rows[2].seconds)
+
+
+def test_cli_prints_a_table_and_json_lines(workdir):
+    args = ["report", "-c", "configs/local.yaml", f"run.workdir={workdir}", "run.name=report-test"]
+    out = CliRunner().invoke(app, args, terminal_width=250)
+    assert out.exit_code == 0, out.output
+    lines = {line.split()[1]: line for line in out.output.splitlines() if line[:1] == "│" and len(line.split()) > 2}
+    assert "0.730" in lines["1"] and "0.830" in lines["1"] and "0.430 → 0.480" in lines["1"]
+    assert "4.400 → 4.380" in lines["1"] and "judge" in lines["1"] and "302" in lines["1"]
+    assert "0.950" in lines["teacher"] and "Downloading" not in out.output
+    lines = CliRunner().invoke(app, [*args, "--json"]).output.splitlines()
+    assert [json.loads(x)["iteration"] for x in lines] == [0, 1, 2]
+
+
+def test_an_empty_store_says_so_and_fails(tmp_path):
+    out = CliRunner().invoke(app, ["report", f"run.workdir={tmp_path}", "run.name=nothing-here"])
+    assert out.exit_code == 1 and "no iterations" in out.output
+
+
+def test_a_summary_without_downstream_or_teacher_gives_what_it_has():
+    row = row_of(3, "r", "FINISHED", {"meta_eval": {"challenger": _meta(0.5)}, "seconds": {"a": 2.0},
+                                      "decisions": [_decision("judge", False)]})
+    assert row.judge["id/ranking"] == 0.5 and row.teacher == {} and row.downstream == {}
+    assert row.promoted == {"judge": False} and row.seconds == 2.0
