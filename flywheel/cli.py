@@ -174,8 +174,7 @@ def smoke(config: ConfigOpt = Path("configs/local.yaml"), overrides: Overrides =
     console.print(f"To browse it: {Tracker(cfg).ui_hint()}")
 
 
-# ---- schedule (issue 7): recurring iterations on a Ray cluster through the Jobs API; the logic is in
-# ---- flywheel/schedule.py. Begin.
+# Recurring iterations on a Ray cluster through the Jobs API; the logic is in flywheel/schedule.py.
 @app.command("schedule")
 def schedule(config: ConfigOpt = Path("configs/local.yaml"), overrides: Overrides = None,
              every: Annotated[str | None, typer.Option(help="Tick interval: 30s, 10m, 6h, 1d (first tick at once).")]
@@ -234,7 +233,6 @@ def schedule(config: ConfigOpt = Path("configs/local.yaml"), overrides: Override
         console.print("schedule: stopped (jobs already submitted keep running)")
         code = 0
     raise typer.Exit(code)
-# ---- schedule (issue 7). End.
 
 
 if __name__ == "__main__":
