@@ -144,10 +144,13 @@ def report(config: ConfigOpt = Path("configs/local.yaml"), overrides: Overrides 
 
     def move(role: str, r) -> str:
         d = r.downstream.get(role)
-        return f"{num(d['before'])} → {num(d['after'])}" if d else "—"
+        if d:
+            return f"{num(d['before'])} → {num(d['after'])}"
+        # an update its training refused is never evaluated downstream
+        return "refused" if r.outcome.get(getattr(cfg.train.registry, role)) == "refused" else "—"
 
     for r in rows:
-        promoted = ", ".join(m for m, p in r.promoted.items() if p) or ("none" if r.promoted else "—")
+        promoted = ", ".join(m for m, o in r.outcome.items() if o == "promoted") or ("none" if r.outcome else "—")
         t.add_row(str(r.iteration), r.status, *(num(r.judge.get(c)) for c in cols), move("policy", r),
                   move("generator", r), promoted, "—" if r.seconds != r.seconds else f"{r.seconds:.0f}")
     teacher = next((r.teacher for r in reversed(rows) if r.teacher), None)

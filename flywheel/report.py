@@ -20,6 +20,8 @@ JUDGE_METRICS = (("ranking", "all/pointwise_ranking/accuracy"), ("pairwise", "al
 SPLITS = {"id": "id-test", "ood": "ood-test"}
 # role in the summary's downstream -> the metric shown (gate.policy_metric / gate.generator_metric by default)
 DOWNSTREAM = {"policy": "accuracy", "generator": "score10"}
+REFUSED = "refused by its training"  # the reason's start (flywheel/gate.py: refuse)
+OUTCOMES = ("promoted", "kept", "refused")  # of several decisions on one model, the first of these stands
 
 
 @dataclass
@@ -30,7 +32,8 @@ class IterationRow:
     judge: dict[str, float] = field(default_factory=dict)  # "<split>/<column>", e.g. "id/ranking"
     teacher: dict[str, float] = field(default_factory=dict)
     downstream: dict[str, dict[str, float]] = field(default_factory=dict)  # role -> {"before", "after"}
-    promoted: dict[str, bool] = field(default_factory=dict)  # registered model -> promoted in this iteration
+    # registered model -> "promoted", "kept" (the champion stayed) or "refused" (its own training refused it)
+    outcome: dict[str, str] = field(default_factory=dict)
     seconds: float = math.nan
 
     def to_dict(self) -> dict:
@@ -56,8 +59,10 @@ def row_of(iteration: int, run_id: str, status: str, summary: dict | None,
         name = (metrics or DOWNSTREAM).get(role, DOWNSTREAM.get(role, ""))
         if name in d.get("after", {}):
             row.downstream[role] = {"before": float(d["before"].get(name, math.nan)), "after": float(d["after"][name])}
-    for d in summary.get("decisions", []):  # a refused update and the gated one both name the model
-        row.promoted[d["model"]] = row.promoted.get(d["model"], False) or bool(d["promoted"])
+    for d in summary.get("decisions", []):  # a refused method and the gated one both name the model
+        now = "promoted" if d["promoted"] else "refused" if d["reason"].startswith(REFUSED) else "kept"
+        before = row.outcome.get(d["model"])
+        row.outcome[d["model"]] = now if before is None else min(before, now, key=OUTCOMES.index)
     row.seconds = float(sum(summary.get("seconds", {}).values()))
     return row
 

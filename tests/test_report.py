@@ -16,9 +16,9 @@ from flywheel.report import iteration_rows, row_of
 from flywheel.track import Tracker
 
 
-def _decision(model: str, promoted: bool) -> dict:
+def _decision(model: str, promoted: bool, reason: str = "r") -> dict:
     return Decision(model=model, challenger=f"models:/{model}/2", champion=None, metric="m", challenger_value=0.8,
-                    champion_value=0.6, margin=0.0, promoted=promoted, reason="r").to_dict()
+                    champion_value=0.6, margin=0.0, promoted=promoted, reason=reason).to_dict()
 
 
 def _meta(ranking: float) -> dict:
@@ -36,8 +36,12 @@ def _iteration(tracker: Tracker, n: int, ranking: float | None, promoted: bool =
             res.meta_eval = {"challenger": _meta(ranking), "teacher": _meta(0.95)}
             res.downstream = {"policy": {"before": {"accuracy": 0.43}, "after": {"accuracy": 0.48}},
                               "generator": {"before": {"score10": 4.4}, "after": {"score10": 4.38}}}
-            res.decisions = [_decision("judge", promoted), _decision("policy-llava", False),
-                             _decision("policy-llava", False)]
+            # two LLaVA methods: one refused by its training, the other gated (and kept out)
+            res.decisions = [_decision("judge", promoted), _decision("policy-llava", False, "refused by its training"),
+                             _decision("policy-llava", False), _decision("policy-sdxl", False, "refused by its training")]
+            if n == 0:  # only refused updates: nothing was evaluated downstream
+                res.downstream = {}
+                res.decisions = res.decisions[:2]
             _summarize(res)
     return parent.info.run_id
 
@@ -62,7 +66,9 @@ def test_rows_come_from_each_iterations_latest_run(workdir):
     assert rows[1].teacher["id/ranking"] == 0.95
     assert rows[1].downstream == {"policy": {"before": 0.43, "after": 0.48},
                                   "generator": {"before": 4.4, "after": 4.38}}
-    assert rows[1].promoted == {"judge": True, "policy-llava": False} and rows[1].seconds == 301.5
+    assert rows[1].outcome == {"judge": "promoted", "policy-llava": "kept", "policy-sdxl": "refused"}
+    assert rows[1].seconds == 301.5
+    assert rows[0].outcome == {"judge": "promoted", "policy-llava": "refused"} and rows[0].downstream == {}
     assert rows[2].status == "FINISHED" and rows[2].judge == {} and math.isnan(rows[2].seconds)
 
 
@@ -74,6 +80,7 @@ def test_cli_prints_a_table_and_json_lines(workdir):
     assert "0.730" in lines["1"] and "0.830" in lines["1"] and "0.430 → 0.480" in lines["1"]
     assert "4.400 → 4.380" in lines["1"] and "judge" in lines["1"] and "302" in lines["1"]
     assert "0.950" in lines["teacher"] and "Downloading" not in out.output
+    assert lines["0"].count("refused") == 1  # the LLaVA's; the SDXL made no decision in iteration 0
     lines = CliRunner().invoke(app, [*args, "--json"]).output.splitlines()
     assert [json.loads(x)["iteration"] for x in lines] == [0, 1, 2]
 
@@ -87,4 +94,4 @@ def test_a_summary_without_downstream_or_teacher_gives_what_it_has():
     row = row_of(3, "r", "FINISHED", {"meta_eval": {"challenger": _meta(0.5)}, "seconds": {"a": 2.0},
                                       "decisions": [_decision("judge", False)]})
     assert row.judge["id/ranking"] == 0.5 and row.teacher == {} and row.downstream == {}
-    assert row.promoted == {"judge": False} and row.seconds == 2.0
+    assert row.outcome == {"judge": "kept"} and row.seconds == 2.0
