@@ -354,7 +354,8 @@ def _markdown(s: dict) -> str:
             f"{t} {pv[f'{t}/right']:.0f}/{pv[f'{t}/tie']:.0f}/{pv[f'{t}/wrong']:.0f} ({_cell(pv[f'{t}/precision'])})"
             for t in keys)]
     lines += ["", "Galleries of chosen vs rejected samples: Artifacts → `gallery/`.", "",
-              "| stage | seconds (all runs that worked on it) |", "|---|---|"] + [f"| {k} | {v:.1f} |" for k, v in s["seconds"].items()]
+              "| stage | seconds (all runs that worked on it) |", "|---|---|"]
+    lines += [f"| {k} | {v:.1f} |" for k, v in s["seconds"].items()]
     lines += ["", "| dataset | rows | kept |", "|---|---|---|"]
     for k, v in s["counts"].items():
         src = s["counts"].get(RETENTION.get(k, ""))

@@ -55,8 +55,9 @@ def row_of(iteration: int, run_id: str, status: str, summary: dict | None,
     meta = summary.get("meta_eval", {})
     row.judge = _judge_metrics(meta.get("challenger", {}))
     row.teacher = _judge_metrics(meta.get("teacher", {}))
+    names = {**DOWNSTREAM, **(metrics or {})}
     for role, d in summary.get("downstream", {}).items():
-        name = (metrics or DOWNSTREAM).get(role, DOWNSTREAM.get(role, ""))
+        name = names.get(role, "")
         if name in d.get("after", {}):
             row.downstream[role] = {"before": float(d["before"].get(name, math.nan)), "after": float(d["after"][name])}
     for d in summary.get("decisions", []):  # a refused method and the gated one both name the model

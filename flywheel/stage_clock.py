@@ -47,17 +47,19 @@ class StageClock:
 
         beat = threading.Thread(target=heartbeat, name=f"stage-clock-{name}", daemon=True)
         beat.start()
+        finished = False
         try:
             yield
-        except BaseException:
+            finished = True
+        finally:
             stop.set()
             beat.join()
-            spent = self._save_unfinished(name, time.perf_counter() - t0, keep=True)
-            log.info("stage %s did not finish: %.1f s spent on it so far (%s)", name, spent, self.uri)
-            raise
-        stop.set()
-        beat.join()
-        self.finished(name, time.perf_counter() - t0)
+            seconds = time.perf_counter() - t0
+            if finished:
+                self.finished(name, seconds)
+            else:
+                spent = self._save_unfinished(name, seconds, keep=True)
+                log.info("stage %s did not finish: %.1f s spent on it so far (%s)", name, spent, self.uri)
 
     def finished(self, name: str, seconds: float) -> float:
         """The stage's total over the runs that worked on it, recorded before the next stage starts."""
