@@ -157,6 +157,9 @@ def report(config: ConfigOpt = Path("configs/local.yaml"), overrides: Overrides 
     if teacher:  # judged once on the shared gold set: the bar the judge aims at
         t.add_row("teacher", "(noisy)", *(num(teacher.get(c)) for c in cols), end_section=True)
     console.print(t)
+    for r in rows:
+        if r.problem:
+            console.print(f"[yellow]iteration {r.iteration} (MLflow run {r.run_id}): {r.problem}[/yellow]")
     console.print("Each iteration's whole summary: its MLflow run's description and summary/summary.json.")
 
 

@@ -29,6 +29,7 @@ class IterationRow:
     iteration: int
     run_id: str
     status: str
+    problem: str = ""  # why the row is empty though the run finished (an unreadable summary)
     judge: dict[str, float] = field(default_factory=dict)  # "<split>/<column>", e.g. "id/ranking"
     teacher: dict[str, float] = field(default_factory=dict)
     downstream: dict[str, dict[str, float]] = field(default_factory=dict)  # role -> {"before", "after"}
@@ -84,10 +85,15 @@ def iteration_rows(cfg: Config) -> list[IterationRow]:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for n, run in sorted(latest.items()):
+            problem, summary = "", None
             try:
                 got = client.download_artifacts(run.info.run_id, "summary/summary.json", f"{tmp}/{n}")
                 summary = json.loads(Path(got).read_text())
             except (MlflowException, OSError):
-                summary = None  # running, or killed before its summary
-            rows.append(row_of(n, run.info.run_id, run.info.status, summary, metrics))
+                pass  # running, or killed before its summary
+            except ValueError as e:
+                problem = f"summary/summary.json is not JSON: {e}"
+            row = row_of(n, run.info.run_id, run.info.status, summary, metrics)
+            row.problem = problem
+            rows.append(row)
     return rows

@@ -95,3 +95,18 @@ def test_a_summary_without_downstream_or_teacher_gives_what_it_has():
                                       "decisions": [_decision("judge", False)]})
     assert row.judge["id/ranking"] == 0.5 and row.teacher == {} and row.downstream == {}
     assert row.outcome == {"judge": "kept"} and row.seconds == 2.0
+
+
+def test_an_unreadable_summary_is_named_and_the_other_iterations_still_show(tmp_path):
+    cfg = load_config(None, [f"run.workdir={tmp_path}", "run.name=report-broken"])
+    tracker = Tracker(cfg)
+    _iteration(tracker, 0, 0.63)
+    with tracker.iteration(1):
+        mlflow.log_text("{not json", "summary/summary.json")
+    mlflow.set_tracking_uri(None)
+    rows = iteration_rows(cfg)
+    assert rows[0].judge["id/ranking"] == 0.63 and rows[0].problem == ""
+    assert rows[1].judge == {} and rows[1].problem.startswith("summary/summary.json is not JSON")
+    out = CliRunner().invoke(app, ["report", f"run.workdir={tmp_path}", "run.name=report-broken"],
+                             terminal_width=250)
+    assert out.exit_code == 0 and "iteration 1" in out.output and "not JSON" in out.output
