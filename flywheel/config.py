@@ -416,6 +416,12 @@ class TrainConfig(_Strict):
         "policy learn to judge and answer from features that already see. Measured on the tiny LLaVA whose vision "
         "was pretrained: an SFT that trained them along lost what they saw (caption recall 0.75 frozen, 0.34 not). "
         "Does not apply to diffusion_dpo.")
+    image_feature_cache_mb: int = Field(
+        1024, ge=0, description="With freeze_vision, each image's vision features are computed once per training "
+        "and kept (least recently used dropped beyond this size, on the model's device); 0 turns it off. Measured "
+        "by bench/vision_cache.py (cache off vs on, one run, per-step losses bit-identical): local judge SFT "
+        "0.227 -> 0.219 s per step (62% hits over 300 steps), policy DPO 0.137 -> 0.117 s (98%). A 7B VLM's "
+        "image is ~1-2 MB of features: size it to the accelerator's spare memory.")
     judge_sft: SFTTrainingConfig = Field(SFTTrainingConfig(), description="Judge SFT (TRL SFTTrainer).")
     judge_dpo: DPOTrainingConfig = Field(DPOTrainingConfig(), description="Judge DPO from the SFT result "
                                          "(TRL DPOTrainer).")
@@ -476,6 +482,7 @@ class ResolvedTraining(BaseModel):
     seed: int | None = Field(description="Seed; null means run.seed.")
     group_by_length: bool = Field(False, description="Batch rows of similar length.")
     freeze_vision: bool = Field(False, description="Keep the vision encoder and projector fixed (VLMs).")
+    image_feature_cache_mb: int = Field(0, description="Per-image vision feature cache size (with freeze_vision).")
     completion_only_loss: bool | None = Field(None, description="SFT only.")
     beta: float | None = Field(None, description="DPO / Diffusion-DPO beta.")
     loss_type: list[str] | None = Field(None, description="DPO only.")
@@ -603,6 +610,10 @@ class GateConfig(_Strict):
         "~200 gold pairs varies by a few points: the margin alone promotes noise); `none`: the margin alone. Needs "
         "a per-pair accuracy as judge_metric (.../pairwise/accuracy or .../pointwise_ranking/accuracy).")
     judge_alpha: float = Field(0.05, gt=0, lt=1, description="Significance level of judge_test.")
+    judge_baseline: bool = Field(
+        True, description="Iteration 0 (no champion judge yet): meta-evaluate the configured base judge too, and "
+        "the first trained judge must beat it. Off for a base that has never judged: the first judge is then "
+        "promoted unless its metric is undefined (NaN), and the summary has no baseline row.")
     policy_metric: str = Field("accuracy", description="Oracle metric of the text policy on held-out items.")
     policy_margin: float = Field(0.0, description="How much better the new text policy must be.")
     generator_metric: str = Field("score10", description="Oracle 0-10 score of the generator on held-out prompts.")

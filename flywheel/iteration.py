@@ -123,7 +123,7 @@ def run_iteration(cfg: Config, n: int, tracker: Tracker | None = None) -> Iterat
         with stage("meta-eval"):
             res.meta_eval["challenger"] = meta.run(with_models(cfg, judge=judge_new), p["gold"], p["meta-eval"],
                                                    tracker=tracker)
-            if not judge0.startswith("models:/"):  # iteration 0: the configured base judge is the champion
+            if cfg.gate.judge_baseline and not judge0.startswith("models:/"):  # iteration 0: the base stands in
                 res.meta_eval["baseline"] = meta.run(start, p["gold"], p["meta-eval-baseline"])
             # The bar the flywheel aims at: the noisy teacher's own agreement with gold, on the same items.
             res.meta_eval["teacher"] = meta.run(start, p["gold"], p["meta-eval-teacher"], role="teacher")

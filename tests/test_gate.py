@@ -48,6 +48,16 @@ def test_first_version_beats_the_baseline_then_must_beat_the_champion(cfg):
     assert gate.recorded(cfg, v3, "acc") == 0.7
 
 
+def test_without_champion_or_baseline_the_first_version_is_promoted_unless_undefined(cfg):
+    """gate.judge_baseline off: iteration 0 has nothing to compare its judge with."""
+    v1 = _version(cfg)
+    assert not gate.decide(cfg, v1, math.nan, "acc", 0.0).promoted
+    v2 = _version(cfg)
+    d = gate.decide(cfg, v2, 0.3, "acc", 0.0, alpha=0.05)
+    assert d.promoted and d.champion is None and "no champion or baseline to beat yet" in d.reason
+    assert gate.champion_of(cfg, "judge") == v2
+
+
 def test_a_tie_or_nan_never_promotes(cfg):
     v1 = _version(cfg)
     assert not gate.decide(cfg, v1, 0.5, "acc", 0.0, baseline=("zoo:judge", 0.5)).promoted

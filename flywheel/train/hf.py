@@ -68,11 +68,16 @@ def peft_config(settings) -> "object | None":
 
 def keep_vision(model, settings, peft_config) -> None:
     """A training without a new LoRA (a full fine-tune, or a loaded adapter trained further) freezes the vision
-    side itself when `freeze_vision`; with a new LoRA, peft_config's exclude_modules does it."""
+    side itself when `freeze_vision`; with a new LoRA, peft_config's exclude_modules does it. A frozen side's
+    features are then computed once per image (flywheel/models/vision_cache.py)."""
     if settings.freeze_vision and peft_config is None:
         from flywheel.models.vision import freeze_vision
 
         log.info("vision encoder and projector frozen (%d parameters)", freeze_vision(model))
+    if settings.freeze_vision and settings.image_feature_cache_mb:
+        from flywheel.models.vision_cache import cache_image_features
+
+        cache_image_features(model, settings.image_feature_cache_mb << 20)
 
 
 def trl_args(settings, output_dir: str, seed: int, dtype: str = "float32", **extra) -> dict:
