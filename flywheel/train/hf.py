@@ -82,11 +82,15 @@ def keep_vision(model, settings, peft_config) -> None:
 
 def trl_args(settings, output_dir: str, seed: int, dtype: str = "float32", **extra) -> dict:
     """Keyword arguments shared by SFTConfig and DPOConfig."""
+    if settings.batch_size % settings.micro_batches:  # settings changed by model_copy skip the config's check
+        raise ValueError(f"{settings.training}: batch_size {settings.batch_size} does not divide into "
+                         f"micro_batches {settings.micro_batches}")
     return dict(
         output_dir=output_dir, seed=seed, data_seed=seed,
         learning_rate=settings.lr, num_train_epochs=settings.epochs,
         max_steps=settings.max_steps if settings.max_steps is not None else -1,
-        per_device_train_batch_size=settings.batch_size, gradient_accumulation_steps=settings.grad_accum_steps,
+        per_device_train_batch_size=settings.batch_size // settings.micro_batches,
+        gradient_accumulation_steps=settings.grad_accum_steps * settings.micro_batches,
         lr_scheduler_type=settings.lr_scheduler, warmup_steps=settings.warmup_ratio,
         weight_decay=settings.weight_decay, max_grad_norm=settings.max_grad_norm,
         logging_steps=settings.logging_steps, save_strategy="steps", save_steps=settings.save_steps,
@@ -123,17 +127,44 @@ def length_grouped_sampler(batch_size: int, lengths: list[int], seed: int):
     return SeededLengthGroupedSampler(batch_size, lengths=lengths)
 
 
+def sorted_micro_batch_sampler(batch_size: int, lengths: list[int], seed: int):
+    """Random batches of `batch_size` rows (one optimizer step's, across its micro-batches and workers), each
+    sorted longest first, drawn from (seed, epoch): consecutive micro-batches then hold rows of similar length
+    and pad less, while every optimizer step still sees a random mix of rows (train.micro_batches)."""
+
+    class SortedMicroBatchSampler(torch.utils.data.Sampler):
+        epoch = 0
+
+        def set_epoch(self, epoch: int) -> None:  # the trainer calls it at every epoch's start, resumed or not
+            self.epoch = epoch
+
+        def __len__(self) -> int:
+            return len(lengths)
+
+        def __iter__(self):
+            g = torch.Generator().manual_seed(seed + 1_000_003 * self.epoch)
+            order = torch.randperm(len(lengths), generator=g).tolist()
+            return iter([i for start in range(0, len(order), batch_size)
+                         for i in sorted(order[start:start + batch_size], key=lambda j: -lengths[j])])
+
+    return SortedMicroBatchSampler()
+
+
 def length_grouped_trainer(base_cls):
-    """A TRL trainer whose length-grouped batches (train.group_by_length) come from length_grouped_sampler."""
+    """A TRL trainer whose batches come from length_grouped_sampler (train.group_by_length), or, when an
+    optimizer step accumulates micro-batches, from sorted_micro_batch_sampler."""
 
     class LengthGroupedTrainer(base_cls):
         def _get_train_sampler(self, train_dataset=None):
             dataset = train_dataset if train_dataset is not None else self.train_dataset
-            if self.args.train_sampling_strategy != "group_by_length" or LENGTH not in dataset.column_names:
+            grouped = self.args.train_sampling_strategy == "group_by_length"
+            if LENGTH not in dataset.column_names or not (grouped or self.args.gradient_accumulation_steps > 1):
                 return super()._get_train_sampler(train_dataset)
-            batch = self.args.train_batch_size * self.args.gradient_accumulation_steps
             seed = self.args.data_seed if self.args.data_seed is not None else self.args.seed
-            return length_grouped_sampler(batch, dataset[LENGTH], seed)
+            batch = self.args.train_batch_size * self.args.gradient_accumulation_steps
+            if grouped:
+                return length_grouped_sampler(batch, dataset[LENGTH], seed)
+            return sorted_micro_batch_sampler(batch * self.args.world_size, dataset[LENGTH], seed)
 
     LengthGroupedTrainer.__name__ = base_cls.__name__
     return LengthGroupedTrainer

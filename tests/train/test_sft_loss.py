@@ -15,7 +15,7 @@ def _train(zoo, cfg, tmp_path, fused: bool, completion_only: bool):
     torch.manual_seed(0)
     model, processor = hf.load_vlm(str(zoo["judge"]))
     settings = cfg.train.resolved("judge_sft").model_copy(update={
-        "batch_size": 2, "grad_accum_steps": 2, "max_steps": 3, "logging_steps": 1})
+        "batch_size": 2, "grad_accum_steps": 2, "micro_batches": 1, "max_steps": 3, "logging_steps": 1})
     rows = validate("sft", sft_records(12, seed=4))[0]
     dataset = to_hf_dataset(sft_rows(rows, completion_only_loss=completion_only))
     trainer = sft.build_trainer(model, processor, dataset, settings, str(tmp_path / str(fused)), seed=3,
