@@ -142,6 +142,11 @@ def report(config: ConfigOpt = Path("configs/local.yaml"), overrides: Overrides 
     def num(v: float | None) -> str:
         return "—" if v is None or v != v else f"{v:.3f}"
 
+    def judged(r, c: str) -> str:  # with the larger side of its interval: "0.738±0.06"
+        lo, hi = r.judge_interval.get(c, (None, None))
+        v = r.judge.get(c)
+        return num(v) if lo is None or v is None else f"{num(v)}±{max(v - lo, hi - v):.2f}"
+
     def move(role: str, r) -> str:
         d = r.downstream.get(role)
         if d:
@@ -151,7 +156,7 @@ def report(config: ConfigOpt = Path("configs/local.yaml"), overrides: Overrides 
 
     for r in rows:
         promoted = ", ".join(m for m, o in r.outcome.items() if o == "promoted") or ("none" if r.outcome else "—")
-        t.add_row(str(r.iteration), r.status, *(num(r.judge.get(c)) for c in cols), move("policy", r),
+        t.add_row(str(r.iteration), r.status, *(judged(r, c) for c in cols), move("policy", r),
                   move("generator", r), promoted, "—" if r.seconds != r.seconds else f"{r.seconds:.0f}")
     teacher = next((r.teacher for r in reversed(rows) if r.teacher), None)
     if teacher:  # judged once on the shared gold set: the bar the judge aims at
@@ -160,6 +165,9 @@ def report(config: ConfigOpt = Path("configs/local.yaml"), overrides: Overrides 
     for r in rows:
         if r.problem:
             console.print(f"[yellow]iteration {r.iteration} (MLflow run {r.run_id}): {r.problem}[/yellow]")
+    if any(r.judge_interval for r in rows):
+        console.print("±: the larger side of the accuracy's 95% Wilson interval over the gold pairs it counts "
+                      "(--json has the intervals): judges that differ by less may differ by chance.")
     console.print("Each iteration's whole summary: its MLflow run's description and summary/summary.json.")
 
 

@@ -18,6 +18,7 @@ from flywheel.config import Config
 JUDGE_METRICS = (("ranking", "all/pointwise_ranking/accuracy"), ("pairwise", "all/pairwise/accuracy"),
                  ("pearson", "all/pointwise/pearson"))
 SPLITS = {"id": "id-test", "ood": "ood-test"}
+CONFIDENCE = 0.95  # of the accuracies' intervals over the gold pairs (Wilson score interval)
 # role in the summary's downstream -> the metric shown (gate.policy_metric / gate.generator_metric by default)
 DOWNSTREAM = {"policy": "accuracy", "generator": "score10"}
 REFUSED = "refused by its training"  # the reason's start (flywheel/gate.py: refuse)
@@ -31,6 +32,8 @@ class IterationRow:
     status: str
     problem: str = ""  # why the row is empty though the run finished (an unreadable summary)
     judge: dict[str, float] = field(default_factory=dict)  # "<split>/<column>", e.g. "id/ranking"
+    # the accuracies' CONFIDENCE intervals over the n gold pairs behind them: a small gold set moves by chance
+    judge_interval: dict[str, list[float]] = field(default_factory=dict)
     teacher: dict[str, float] = field(default_factory=dict)
     downstream: dict[str, dict[str, float]] = field(default_factory=dict)  # role -> {"before", "after"}
     # registered model -> "promoted", "kept" (the champion stayed) or "refused" (its own training refused it)
@@ -46,6 +49,23 @@ def _judge_metrics(meta: dict) -> dict[str, float]:
             for col, key in JUDGE_METRICS if key in meta[split]}
 
 
+def _intervals(meta: dict) -> dict[str, list[float]]:
+    """The Wilson interval of each accuracy column, from its share right of its n gold pairs (the meta-eval's
+    `.../n` beside it); none where n is missing or 0."""
+    from scipy.stats import binomtest
+
+    out = {}
+    for short, split in SPLITS.items():
+        for col, key in JUDGE_METRICS:
+            if not key.endswith("/accuracy") or key not in meta.get(split, {}):
+                continue
+            n = int(meta[split].get(key.removesuffix("accuracy") + "n") or 0)
+            if n > 0 and math.isfinite(acc := float(meta[split][key])):
+                ci = binomtest(round(acc * n), n).proportion_ci(CONFIDENCE, method="wilson")
+                out[f"{short}/{col}"] = [float(ci.low), float(ci.high)]
+    return out
+
+
 def row_of(iteration: int, run_id: str, status: str, summary: dict | None,
            metrics: dict[str, str] | None = None) -> IterationRow:
     """One iteration's row from its summary (None: it wrote none yet). `metrics` names the downstream metric
@@ -55,6 +75,7 @@ def row_of(iteration: int, run_id: str, status: str, summary: dict | None,
         return row
     meta = summary.get("meta_eval", {})
     row.judge = _judge_metrics(meta.get("challenger", {}))
+    row.judge_interval = _intervals(meta.get("challenger", {}))
     row.teacher = _judge_metrics(meta.get("teacher", {}))
     names = {**DOWNSTREAM, **(metrics or {})}
     for role, d in summary.get("downstream", {}).items():

@@ -22,8 +22,8 @@ def _decision(model: str, promoted: bool, reason: str = "r") -> dict:
 
 
 def _meta(ranking: float) -> dict:
-    return {"id-test": {"all/pointwise_ranking/accuracy": ranking, "all/pairwise/accuracy": 0.3,
-                        "all/pointwise/pearson": 0.5},
+    return {"id-test": {"all/pointwise_ranking/accuracy": ranking, "all/pointwise_ranking/n": 100,
+                        "all/pairwise/accuracy": 0.3, "all/pairwise/n": 0, "all/pointwise/pearson": 0.5},
             "ood-test": {"all/pointwise_ranking/accuracy": ranking + 0.1}}
 
 
@@ -77,12 +77,16 @@ def test_cli_prints_a_table_and_json_lines(workdir):
     out = CliRunner().invoke(app, args, terminal_width=250)
     assert out.exit_code == 0, out.output
     lines = {line.split()[1]: line for line in out.output.splitlines() if line[:1] == "│" and len(line.split()) > 2}
-    assert "0.730" in lines["1"] and "0.830" in lines["1"] and "0.430 → 0.480" in lines["1"]
+    # 73 of 100 gold pairs: Wilson's 95% interval is [0.636, 0.807], shown by its larger side
+    assert "0.730±0.09" in lines["1"] and "0.830" in lines["1"] and "0.430 → 0.480" in lines["1"]
+    assert "Wilson interval" in out.output
     assert "4.400 → 4.380" in lines["1"] and "judge" in lines["1"] and "302" in lines["1"]
     assert "0.950" in lines["teacher"] and "Downloading" not in out.output
     assert lines["0"].count("refused") == 1  # the LLaVA's; the SDXL made no decision in iteration 0
     lines = CliRunner().invoke(app, [*args, "--json"]).output.splitlines()
     assert [json.loads(x)["iteration"] for x in lines] == [0, 1, 2]
+    # no interval without the pairs' count (the pairwise n is 0, the ood split gives none)
+    assert json.loads(lines[1])["judge_interval"] == {"id/ranking": pytest.approx([0.6357, 0.8073], abs=1e-4)}
 
 
 def test_an_empty_store_says_so_and_fails(tmp_path):
