@@ -74,6 +74,7 @@ def run(config: ConfigOpt = Path("configs/local.yaml"), overrides: Overrides = N
     _setup_logging()
     from flywheel.iteration import run_iteration
     from flywheel.raycluster import init_ray
+    from flywheel.stage_clock import time_line
     from flywheel.track import Tracker
 
     cfg = _load(config, overrides)
@@ -84,6 +85,8 @@ def run(config: ConfigOpt = Path("configs/local.yaml"), overrides: Overrides = N
         console.rule(f"iteration {n}: {'finished earlier' if res.skipped else 'done'} (MLflow run {res.run_id})")
         for d in res.decisions:
             console.print(f"{d['model']:14s} {'PROMOTED' if d['promoted'] else 'kept champion'}: {d['reason']}")
+        if line := time_line(res.seconds):
+            console.print(line)
     console.print(f"Browse it: {tracker.ui_hint()}")
 
 

@@ -88,3 +88,14 @@ class StageClock:
     def _write(self, unfinished: dict[str, float] | None = None) -> None:
         state = {"finished": self.done, "unfinished": self.unfinished if unfinished is None else unfinished}
         storage.write_bytes(self.uri, json.dumps(state, indent=1).encode())
+
+
+def time_line(seconds: dict[str, float], top: int = 6) -> str:
+    """The iteration's stage seconds in one line, longest first: "572 s in stages: judge-sft 272, ... (+13 more
+    stages 38)". Empty when there are none (a skipped iteration)."""
+    if not seconds:
+        return ""
+    ranked = sorted(seconds.items(), key=lambda kv: -kv[1])
+    line = f"{sum(seconds.values()):.0f} s in stages: " + ", ".join(f"{k} {v:.0f}" for k, v in ranked[:top])
+    rest = ranked[top:]
+    return line + (f" (+{len(rest)} more stages {sum(v for _, v in rest):.0f})" if rest else "")

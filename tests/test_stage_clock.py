@@ -90,3 +90,12 @@ def test_the_earlier_flat_file_is_read_as_finished_stages(tmp_path):
     assert clock.done == {"candidates": 30.0} and clock.unfinished == {}
     assert clock.finished("labels", 2.0) == 2.0
     assert _state(uri) == {"finished": {"candidates": 30.0, "labels": 2.0}, "unfinished": {}}
+
+
+def test_the_time_line_names_the_longest_stages_and_adds_up_the_rest():
+    from flywheel.stage_clock import time_line
+
+    seconds = {"prompts": 3.4, "judge-sft": 271.9, "labels": 17.3, "meta-eval": 28.9, "gold": 2.8}
+    assert time_line(seconds, top=2) == "324 s in stages: judge-sft 272, meta-eval 29 (+3 more stages 24)"
+    assert time_line(seconds) == "324 s in stages: judge-sft 272, meta-eval 29, labels 17, prompts 3, gold 3"
+    assert time_line({}) == ""
