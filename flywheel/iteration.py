@@ -168,13 +168,17 @@ def start_record(cfg: Config, n: int) -> IterationRecord:
 def _finished_earlier(cfg: Config, record: IterationRecord) -> IterationResult:
     """A finished iteration is not run again: its gates moved the champions its successors started from."""
     n = record.iteration
-    log.info("iteration %d finished earlier (MLflow run %s); skipped. The next one is --start %d", n,
-             record.run_id, n + 1)
+    following = n + 1
+    while (later := IterationRecord.load(iteration_dir(cfg, following))) is not None and later.finished:
+        following += 1
+    log.info("iteration %d finished earlier (MLflow run %s); skipped. The next one to run is --start %d", n,
+             record.run_id, following)
     if record.config_hash != cfg.hash():
         log.warning("iteration %d finished with config %s, not this one (%s): its results stand; to redo it, "
                     "use a new run.workdir", n, record.config_hash, cfg.hash())
+    seconds = StageClock(storage.join(iteration_dir(cfg, n), "stage-seconds.json")).done
     return IterationResult(n, record.run_id or "", decisions=record.decisions, models=_start_models(record),
-                           skipped=True)
+                           seconds=dict(seconds), skipped=True)
 
 
 def _start_models(record: IterationRecord) -> dict[str, str]:

@@ -1,6 +1,8 @@
 """An iteration pins its start models and skips itself once finished; a resumed iteration reopens its MLflow run.
 (The whole kill-and-resume run is tests/iteration/test_resume.py, marked slow.)"""
 
+import json
+
 import mlflow
 import pytest
 from mlflow import MlflowClient
@@ -57,6 +59,18 @@ def test_a_finished_iteration_is_skipped_whole(cfg, caplog):
     assert "finished with config another-config" in caplog.text  # a changed config is named, not silently run
     runs = MlflowClient(cfg.tracking.uri).search_runs([Tracker(cfg).experiment_id])
     assert runs == []
+
+
+def test_a_finished_iteration_reports_its_stage_seconds_and_the_first_iteration_left_to_run(cfg, caplog):
+    for n in (0, 1):
+        IterationRecord(n, cfg.hash(), {"judge": "j", "policy": "p", "generator": "g"}, run_id=f"r{n}",
+                        finished=True).save(_iteration_dir(cfg, n))
+    storage.write_bytes(storage.join(_iteration_dir(cfg), "stage-seconds.json"),
+                        json.dumps({"finished": {"judge-sft": 272.0}, "unfinished": {}}).encode())
+    with caplog.at_level("INFO"):
+        res = run_iteration(cfg, 0)
+    assert res.skipped and res.seconds == {"judge-sft": 272.0}
+    assert "The next one to run is --start 2" in caplog.text  # iteration 1 finished too
 
 
 def test_an_unreadable_record_names_its_file(cfg):
