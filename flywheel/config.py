@@ -512,10 +512,16 @@ class ResolvedTraining(BaseModel):
 
     @model_validator(mode="after")
     def _micro_batches_divide_the_batch(self) -> ResolvedTraining:
-        if self.training != "diffusion_dpo" and self.batch_size % self.micro_batches:
+        if self.training != "diffusion_dpo":
+            self.micro_batch_size()
+        return self
+
+    def micro_batch_size(self) -> int:
+        """Rows per micro-batch; checked here too, as settings changed by model_copy skip validation."""
+        if self.batch_size % self.micro_batches:
             raise ValueError(f"train.{self.training}: batch_size {self.batch_size} does not divide into "
                              f"micro_batches {self.micro_batches}")
-        return self
+        return self.batch_size // self.micro_batches
 
 
 class SourceSpec(_Strict):

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import mlflow
 
-from flywheel import gate, storage
+from flywheel import gate, stage_clock, storage
 from flywheel.config import Config
 from flywheel.iteration_record import ROLES, IterationRecord
 from flywheel.stage_clock import StageClock
@@ -86,7 +86,7 @@ def run_iteration(cfg: Config, n: int, tracker: Tracker | None = None) -> Iterat
         record.run_id = parent.info.run_id
         record.save(it_dir)
 
-        clock = StageClock(storage.join(it_dir, "stage-seconds.json"))
+        clock = StageClock(storage.join(it_dir, stage_clock.FILE))
 
         @contextmanager
         def stage(name: str):
@@ -176,7 +176,7 @@ def _finished_earlier(cfg: Config, record: IterationRecord) -> IterationResult:
     if record.config_hash != cfg.hash():
         log.warning("iteration %d finished with config %s, not this one (%s): its results stand; to redo it, "
                     "use a new run.workdir", n, record.config_hash, cfg.hash())
-    seconds = StageClock(storage.join(iteration_dir(cfg, n), "stage-seconds.json")).done
+    seconds = StageClock(storage.join(iteration_dir(cfg, n), stage_clock.FILE)).done
     return IterationResult(n, record.run_id or "", decisions=record.decisions, models=_start_models(record),
                            seconds=dict(seconds), skipped=True)
 

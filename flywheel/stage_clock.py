@@ -23,6 +23,9 @@ from flywheel import storage
 log = logging.getLogger(__name__)
 
 
+FILE = "stage-seconds.json"  # in the iteration's directory
+
+
 class StageClock:
     def __init__(self, uri: str, heartbeat_s: float = 10.0):
         self.uri = uri
@@ -92,7 +95,7 @@ class StageClock:
 
 def time_line(seconds: dict[str, float], top: int = 6) -> str:
     """The iteration's stage seconds in one line, longest first: "572 s in stages: judge-sft 272, ... (+13 more
-    stages 38)". Empty when there are none (a skipped iteration)."""
+    stages 38)". Empty when there are none."""
     if not seconds:
         return ""
     ranked = sorted(seconds.items(), key=lambda kv: -kv[1])

@@ -87,6 +87,15 @@ def test_expected_rating_readout_needs_the_ratings_logprobs():
     assert cfg.judge.rating_readout == "expected"
 
 
+def test_micro_batches_that_do_not_divide_the_batch_fail_at_load_naming_the_training():
+    with pytest.raises(ConfigError, match=r"train.judge_sft: batch_size 16 does not divide into micro_batches 3"):
+        load_config(REPO_ROOT / "configs" / "local.yaml", ["train.judge_sft.micro_batches=3"])
+    settings = load_config(None, []).train.resolved("judge_sft").model_copy(update={"batch_size": 6,
+                                                                                    "micro_batches": 4})
+    with pytest.raises(ValueError, match="batch_size 6 does not divide into micro_batches 4"):
+        settings.micro_batch_size()  # settings changed past validation are checked where they are used
+
+
 def test_the_judge_gates_paired_test_needs_a_per_pair_accuracy():
     from flywheel.config import GateConfig
 

@@ -26,13 +26,13 @@ log = logging.getLogger(__name__)
 class ImageFeatureCache:
     """Per-image features of one model's frozen vision side, keyed by the image's pixels (and how they were read)."""
 
-    def __init__(self, vision: torch.nn.Module, max_bytes: int):
+    def __init__(self, vision: list[torch.nn.Parameter], max_bytes: int):
         self.vision, self.max_bytes = vision, max_bytes
         self.entries: OrderedDict[bytes, torch.Tensor] = OrderedDict()
         self.bytes = self.hits = self.misses = 0
 
     def frozen(self) -> bool:
-        return not any(p.requires_grad for p in self.vision.parameters())
+        return not any(p.requires_grad for p in self.vision)
 
     def lookup(self, keys: list[bytes], compute) -> list[torch.Tensor]:
         """Each key's features: cached ones as they are, the missing ones (each distinct key once) from
@@ -87,9 +87,9 @@ def cache_image_features(model: torch.nn.Module, max_bytes: int) -> ImageFeature
         return inner._image_feature_cache
     from transformers.modeling_outputs import BaseModelOutputWithPooling
 
-    vision = inner.visual if hasattr(inner, "visual") else torch.nn.ModuleList(
-        [inner.vision_tower, inner.multi_modal_projector])
-    cache = ImageFeatureCache(vision, max_bytes)
+    from flywheel.models.vision import vision_parameters
+
+    cache = ImageFeatureCache(vision_parameters(inner), max_bytes)
     original = inner.get_image_features
 
     if hasattr(inner, "visual"):  # Qwen2-VL: an image is grid.prod() consecutive patch rows

@@ -82,14 +82,11 @@ def keep_vision(model, settings, peft_config) -> None:
 
 def trl_args(settings, output_dir: str, seed: int, dtype: str = "float32", **extra) -> dict:
     """Keyword arguments shared by SFTConfig and DPOConfig."""
-    if settings.batch_size % settings.micro_batches:  # settings changed by model_copy skip the config's check
-        raise ValueError(f"{settings.training}: batch_size {settings.batch_size} does not divide into "
-                         f"micro_batches {settings.micro_batches}")
     return dict(
         output_dir=output_dir, seed=seed, data_seed=seed,
         learning_rate=settings.lr, num_train_epochs=settings.epochs,
         max_steps=settings.max_steps if settings.max_steps is not None else -1,
-        per_device_train_batch_size=settings.batch_size // settings.micro_batches,
+        per_device_train_batch_size=settings.micro_batch_size(),
         gradient_accumulation_steps=settings.grad_accum_steps * settings.micro_batches,
         lr_scheduler_type=settings.lr_scheduler, warmup_steps=settings.warmup_ratio,
         weight_decay=settings.weight_decay, max_grad_norm=settings.max_grad_norm,

@@ -65,7 +65,7 @@ def test_a_vision_side_that_can_learn_is_not_cached(zoo, name):
 
 
 def test_the_cache_stays_within_its_size_and_drops_the_least_recently_used():
-    vision = torch.nn.Linear(1, 1).requires_grad_(False)
+    vision = list(torch.nn.Linear(1, 1).requires_grad_(False).parameters())
     cache = ImageFeatureCache(vision, max_bytes=2 * 4 * 4)  # two entries of 4 float32s
     calls = []
 
