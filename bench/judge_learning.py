@@ -38,10 +38,6 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=5e-4)
     ap.add_argument("--base", choices=["zoo", "world"], default="zoo",
                     help="zoo: the random judge; world: the perceiving base (built and cached in the workdir).")
-    ap.add_argument("--weight-average", type=float, default=None, metavar="DECAY",
-                    help="Also keep an EMA of the weights (flywheel/train/weight_average.py) and evaluate it beside "
-                         "the last step's weights (<out>/model-avg), from the same training.")
-    ap.add_argument("--seed", type=int, default=None, help="Training seed (data order); default run.seed.")
     ap.add_argument("--set", nargs="*", default=[], help="Config overrides, e.g. of world.base_policies.judge.")
     ap.add_argument("--out", default="runs/bench-judge-learning")
     ap.add_argument("--stage", choices=["all", "train", "eval"], default="all",
@@ -67,9 +63,7 @@ def main() -> None:
         print(f"base {cfg.models.judge.path} ready in {time.perf_counter() - t0:.0f} s", flush=True)
         train_judge(cfg, rows, args, out)
     if args.stage != "train":
-        evaluate(args, work, out, "model")
-        if (out / "model-avg").exists():
-            evaluate(args, work, out, "model-avg")
+        evaluate(args, work, out)
 
 
 def train_judge(cfg, rows: list[dict], args, out: Path) -> None:
@@ -83,42 +77,28 @@ def train_judge(cfg, rows: list[dict], args, out: Path) -> None:
     settings = cfg.train.resolved("judge_sft").model_copy(update={
         "max_steps": args.steps, "batch_size": args.batch_size, "lr": args.lr, "save_steps": 10**9,
         "logging_steps": max(args.steps // 10, 1)})
-    average = None
-    if args.weight_average is not None:
-        from flywheel.train.weight_average import WeightAverageCallback
-
-        class KeepLast(WeightAverageCallback):  # the bench saves both: the average is copied in after the last
-            def on_train_end(self, *a, **kw):
-                pass
-
-        average = KeepLast(args.weight_average)
-    seed = cfg.run.seed if args.seed is None else args.seed
     trainer = build_trainer(model, processor, to_hf_dataset(sft_rows(rows)).shuffle(seed=0), settings,
-                            str(out / "trl"), seed, bare=True, callbacks=[average] if average else ())
+                            str(out / "trl"), cfg.run.seed, bare=True)
     t0 = time.perf_counter()
     trainer.train()
     print(f"trained {args.steps} steps in {time.perf_counter() - t0:.0f} s", flush=True)
     trainer.model.save_pretrained(out / "model")
     processor.save_pretrained(out / "model")
-    if average is not None:
-        average.ema.copy_to(average._params)
-        trainer.model.save_pretrained(out / "model-avg")
-        processor.save_pretrained(out / "model-avg")
 
 
-def evaluate(args, work: Path, out: Path, name: str) -> None:
+def evaluate(args, work: Path, out: Path) -> None:
     from flywheel.config import load_config
     from flywheel.evaluate import meta
     from flywheel.raycluster import init_ray
 
-    ecfg = load_config(args.config, [f"run.workdir={work}", f"models.judge.path={out / name}",
-                                     f"storage.uri={out / 'data' / name}"])
+    ecfg = load_config(args.config, [f"run.workdir={work}", f"models.judge.path={out / 'model'}",
+                                     f"storage.uri={out / 'data'}"])
     init_ray(ecfg)
-    results = meta.run(ecfg, str(work / "data" / "gold"), str(out / "data" / name / "meta"))
+    results = meta.run(ecfg, str(work / "data" / "gold"), str(out / "data" / "meta"))
     summary = {split: {k: round(m.get(k, float("nan")), 3) for k in KEYS} for split, m in results.items()}
-    (out / f"summary-{name}.json").write_text(json.dumps(summary, indent=1))
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
     for split, m in summary.items():
-        print(f"\n{name} {split}")
+        print(f"\n{split}")
         for k, v in m.items():
             print(f"  {k:58s} {v:.3f}")
 

@@ -251,8 +251,6 @@ class TrainingOverrides(_Strict):
     warmup_ratio: float | None = Field(None, ge=0, lt=1, description="Warm-up share of the steps; null uses "
                                        "train.warmup_ratio.")
     weight_decay: float | None = Field(None, ge=0, description="AdamW weight decay; null uses train.weight_decay.")
-    weight_average: float | None = Field(None, ge=0, lt=1, description="EMA decay of the exported weights; null "
-                                         "uses train.weight_average.")
 
 
 class SFTTrainingConfig(TrainingOverrides):
@@ -402,11 +400,6 @@ class TrainConfig(_Strict):
     warmup_ratio: float = Field(0.0, ge=0, lt=1, description="Share of the steps spent warming up the lr.")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
     max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping norm.")
-    weight_average: float | None = Field(
-        None, ge=0, lt=1, description="Export an exponential moving average of the trainable weights instead of "
-        "the last step's, with this decay ceiling (diffusers' EMAModel: the decay ramps up as (1+t)/(10+t)); "
-        "checkpoints carry it, so a resumed training keeps the same average. null: the last step's weights. "
-        "Not with a held-out evaluation (it keeps its best state of the raw weights), nor for diffusion_dpo.")
     dpo_beta: float = Field(0.1, gt=0, description="Default DPO beta of the judge and policy DPO.")
     lora: LoraConfig = Field(LoraConfig(), description="Default parameter-efficient fine-tuning.")
     logging_steps: int = Field(1, ge=1, description="Log losses, lr, reward margins/accuracies and step time "
@@ -497,7 +490,6 @@ class ResolvedTraining(BaseModel):
     warmup_ratio: float = Field(description="Warm-up share.")
     weight_decay: float = Field(description="AdamW weight decay.")
     max_grad_norm: float = Field(description="Clipping norm.")
-    weight_average: float | None = Field(None, description="EMA decay of the exported weights; null: off.")
     logging_steps: int = Field(description="Logging interval.")
     save_steps: int = Field(description="Checkpoint interval.")
     keep_checkpoints: int = Field(description="Checkpoints kept.")
@@ -519,13 +511,9 @@ class ResolvedTraining(BaseModel):
     heldout: GeneratorHeldoutConfig | HeldoutConfig | None = Field(None, description="Held-out evaluation.")
 
     @model_validator(mode="after")
-    def _settings_combine(self) -> ResolvedTraining:
+    def _micro_batches_divide_the_batch(self) -> ResolvedTraining:
         if self.training != "diffusion_dpo":
             self.micro_batch_size()
-        if self.weight_average is not None and (self.heldout is not None or self.training == "diffusion_dpo"):
-            raise ValueError(f"train.{self.training}: weight_average does not combine with "
-                             + ("diffusion_dpo" if self.training == "diffusion_dpo" else "a held-out evaluation")
-                             + " (set it to null there)")
         return self
 
     def micro_batch_size(self) -> int:

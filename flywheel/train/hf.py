@@ -245,14 +245,9 @@ def attach(trainer, ctx=None, guard: NonFiniteGuard | None = None):
 
 
 def callbacks(ctx, guard: NonFiniteGuard, extra=()) -> list:
-    """The flywheel's callbacks; `extra` (e.g. the held-out evaluation) and the weight average run before the Ray
-    checkpoint callback, so what they write into a checkpoint folder is copied with it."""
-    average = []
-    if ctx.settings.weight_average is not None:
-        from flywheel.train.weight_average import WeightAverageCallback
-
-        average = [WeightAverageCallback(ctx.settings.weight_average)]
-    return [guard, MetricsCallback(ctx), *extra, *average, ray_checkpoint_callback(ctx)]
+    """The flywheel's callbacks; `extra` (e.g. the held-out evaluation) runs before the Ray checkpoint callback,
+    so what it writes into a checkpoint folder is copied with it."""
+    return [guard, MetricsCallback(ctx), *extra, ray_checkpoint_callback(ctx)]
 
 
 def heldout_run(ctx):
@@ -311,11 +306,6 @@ def run(ctx, trainer, processor, guard: NonFiniteGuard, lineage: dict, heldout=N
         ctx.resumed_from = step
         if heldout is not None:
             heldout.load_from(resume_from)
-        from flywheel.train.weight_average import WeightAverageCallback
-
-        for callback in trainer.callback_handler.callbacks:
-            if isinstance(callback, WeightAverageCallback):
-                callback.load_from(resume_from)
         log.info("resuming %s from step %d", ctx.job.training, step)
     try:
         trainer.train(resume_from_checkpoint=resume_from)

@@ -11,7 +11,6 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 from mlflow import MlflowClient
 from typer.testing import CliRunner
 
@@ -21,7 +20,6 @@ from flywheel.train.api import train
 from flywheel.train.guards import NonFiniteLossError
 from flywheel.train.launcher import read_journal
 from flywheel.train.synthetic import shape_image
-from flywheel.train.weight_average import FILE as WEIGHT_AVERAGE
 
 from flywheel.config import REPO_ROOT
 
@@ -51,16 +49,9 @@ def _ask(engine):
 
 
 # Judge SFT as a LoRA registered as an adapter only (no merged copy: loading it back merges it into its base),
-# 40 steps with a checkpoint every 4, exporting the adapter's moving average: also the uninterrupted reference of
-# the resume test.
+# 40 steps with a checkpoint every 4: also the uninterrupted reference of the resume test.
 SFT_SETTINGS = ["train.judge_sft.lora.enabled=true", "train.registry.save_merged=false",
-                "train.judge_sft.max_steps=40", "train.save_steps=4", "train.judge_sft.weight_average=0.9"]
-
-
-def _adapter(folder: Path) -> dict:
-    from safetensors.torch import load_file
-
-    return load_file(str(folder / "adapter_model.safetensors"))
+                "train.judge_sft.max_steps=40", "train.save_steps=4"]
 
 
 @pytest.fixture(scope="module")
@@ -115,13 +106,6 @@ def test_judge_sft_then_judge_dpo_from_its_adapter(judge_sft, datasets):
     export = registry.materialize(cfg, sft.model_uri)
     assert (export / "adapter" / "adapter_model.safetensors").exists() and not (export / "model").exists()
     _assert_safetensors_only(export)
-    # the export is the weight average the last checkpoint carries, not the last step's adapter
-    saved = [p / "checkpoint" for p in Path(sft.checkpoint_path).parent.iterdir() if (p / "checkpoint").is_dir()]
-    last = max(saved, key=lambda c: json.loads((c / "trainer_state.json").read_text())["global_step"])
-    assert json.loads((last / "trainer_state.json").read_text())["global_step"] == 40
-    assert (last / WEIGHT_AVERAGE).exists()
-    exported, raw = _adapter(export / "adapter"), _adapter(last)
-    assert exported.keys() == raw.keys() and any(not torch.equal(exported[k], raw[k]) for k in raw)
     assert sft.checkpoint_path.startswith(cfg.storage.uri) and sft.final["final_step"] == 40
     assert [e["step"] for e in sft.steps] == list(range(1, 41)) and all(len(e["ids"]) == 4 for e in sft.steps)
     run = _stage_run(cfg, sft)
@@ -264,10 +248,6 @@ def test_resume_after_kill_neither_skips_nor_repeats_data(judge_sft, killed_run,
     after = {e["attempt"] for e in resumed.steps if e["step"] > killed_at}
     assert len(before) == 1 and len(after) == 1 and before != after  # killed attempt, then the resumed one
     assert resumed.final["loss"] == pytest.approx(reference.final["loss"], rel=1e-4)
-    # the weight average went on from the checkpoint's (a fresh one would hold only the resumed steps)
-    ours, theirs = (_adapter(Path(r.checkpoint_path) / "export" / "adapter") for r in (resumed, reference))
-    for key, tensor in theirs.items():
-        torch.testing.assert_close(ours[key], tensor, rtol=1e-3, atol=1e-5, msg=key)
 
 
 @pytest.mark.slow
