@@ -133,6 +133,19 @@ def check_text_request(req: TextRequest) -> list[Image.Image]:
     return images
 
 
+def prepare_text_requests(requests: Sequence[TextRequest]):
+    """(results, prepared): `prepared` holds (index, request, decoded images) of the valid requests; `results`
+    has an error result at every invalid request's index (named by check_text_request) and None elsewhere."""
+    results: list[TextResult | None] = [None] * len(requests)
+    prepared = []
+    for i, req in enumerate(requests):
+        try:
+            prepared.append((i, req, check_text_request(req)))
+        except ValueError as e:
+            results[i] = TextResult(error=f"invalid request: {e}")
+    return results, prepared
+
+
 T = TypeVar("T")
 R = TypeVar("R")
 

@@ -9,7 +9,7 @@ from PIL import Image
 
 import flywheel.models.processors  # noqa: F401  (registers the image-only Qwen2-VL processor)
 from flywheel.config import GenerationConfig
-from flywheel.engines.base import (TextEngine, TextRequest, TextResult, TokenLogprobs, check_text_request,
+from flywheel.engines.base import (TextEngine, TextRequest, TextResult, TokenLogprobs, prepare_text_requests,
                                    resolve_device, run_batched)
 from flywheel.models.versions import checkpoint_name, checkpoint_version
 
@@ -29,13 +29,7 @@ class HFTextEngine(TextEngine):
         self.version = checkpoint_version(model_path)
 
     def generate(self, requests: Sequence[TextRequest], seed: int = 0) -> list[TextResult]:
-        results: list[TextResult | None] = [None] * len(requests)
-        prepared = []
-        for i, req in enumerate(requests):
-            try:
-                prepared.append((i, req, check_text_request(req)))
-            except ValueError as e:
-                results[i] = TextResult(error=f"invalid request: {e}")
+        results, prepared = prepare_text_requests(requests)
         # Text-only and image requests are batched apart: a processor call takes images for all items or none.
         for with_images in (True, False):
             group = [p for p in prepared if bool(p[2]) == with_images]

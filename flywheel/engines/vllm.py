@@ -30,7 +30,7 @@ from pathlib import Path
 from PIL import Image
 
 from flywheel.config import GenerationConfig, VLLMConfig
-from flywheel.engines.base import TextEngine, TextRequest, TextResult, TokenLogprobs, check_text_request, run_batched
+from flywheel.engines.base import TextEngine, TextRequest, TextResult, TokenLogprobs, prepare_text_requests, run_batched
 
 log = logging.getLogger(__name__)
 
@@ -143,13 +143,7 @@ class VLLMTextEngine(TextEngine):
                               max_tokens=g.max_new_tokens, logprobs=logprobs)
 
     def generate(self, requests: Sequence[TextRequest], seed: int = 0) -> list[TextResult]:
-        results: list[TextResult | None] = [None] * len(requests)
-        prepared = []
-        for i, req in enumerate(requests):
-            try:
-                prepared.append((i, req, check_text_request(req)))
-            except ValueError as e:
-                results[i] = TextResult(error=f"invalid request: {e}")
+        results, prepared = prepare_text_requests(requests)
         outs = run_batched(prepared, self.generation.batch_size, self._generate_batch,
                            lambda err: TextResult(error=err), seed)
         for (i, _, _), out in zip(prepared, outs, strict=True):
