@@ -165,6 +165,8 @@ def report(config: ConfigOpt = Path("configs/local.yaml"), overrides: Overrides 
     if teacher:  # judged once on the shared gold set: the bar the judge aims at
         t.add_row("teacher", "(noisy)", *(num(teacher.get(c)) for c in cols), end_section=True)
     console.print(t)
+    if any(r.subtasks for r in rows):
+        console.print(_subtask_table(rows, num))
     for r in rows:
         if r.problem:
             console.print(f"[yellow]iteration {r.iteration} (MLflow run {r.run_id}): {r.problem}[/yellow]")
@@ -172,6 +174,22 @@ def report(config: ConfigOpt = Path("configs/local.yaml"), overrides: Overrides 
         console.print("±: the larger side of the accuracy's 95% Wilson interval over the gold pairs it counts "
                       "(--json has the intervals): judges that differ by less may differ by chance.")
     console.print("Each iteration's whole summary: its MLflow run's description and summary/summary.json.")
+
+
+def _subtask_table(rows, num):
+    """The judge's ranking accuracy per sub-task (rows) and iteration (columns), the teacher's last."""
+    from rich.table import Table
+
+    keys = sorted({k for r in rows for k in r.subtasks}, key=lambda k: (not k.startswith("id/"), k))
+    t = Table(title="the judge's ranking accuracy per sub-task (gold pairs ordered by its ratings)")
+    t.add_column("sub-task")
+    for r in rows:
+        t.add_column(str(r.iteration), justify="right")
+    teacher = next((r.teacher_subtasks for r in reversed(rows) if r.teacher_subtasks), {})
+    t.add_column("teacher", justify="right")
+    for k in keys:
+        t.add_row(k, *(num(r.subtasks.get(k)) for r in rows), num(teacher.get(k)))
+    return t
 
 
 @app.command("smoke")

@@ -347,6 +347,12 @@ def _markdown(s: dict) -> str:
                       f"{p['image_swap/pointwise/kendall_tau_b']:.3f}; word spans replaced, scored lower "
                       f"{p['span_swap/lower_share']:.1%}"
                       f" (higher {p['span_swap/higher_share']:.1%})"]
+    for split, m in s["meta_eval"].get("challenger", {}).items():
+        ranked = sorted((v, k[len("subtask/"):-len("/pointwise_ranking/accuracy")]) for k, v in m.items()
+                        if k.startswith("subtask/") and k.endswith("/pointwise_ranking/accuracy"))
+        if ranked:  # where the judge fails, worst first
+            lines += ["", f"*Ranking accuracy per sub-task, {split}:* " + ", ".join(f"{t} {_cell(v)}"
+                                                                               for v, t in ranked)]
     for role, d in s["downstream"].items():
         lines += ["", f"**{role}** (oracle, before → after): " + ", ".join(
             f"{k} {d['before'].get(k, float('nan')):.3f} → {v:.3f}" for k, v in d["after"].items()

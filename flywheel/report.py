@@ -18,6 +18,7 @@ from flywheel.config import Config
 JUDGE_METRICS = (("ranking", "all/pointwise_ranking/accuracy"), ("pairwise", "all/pairwise/accuracy"),
                  ("pearson", "all/pointwise/pearson"))
 SPLITS = {"id": "id-test", "ood": "ood-test"}
+SUBTASK_METRIC = "pointwise_ranking/accuracy"  # shown per sub-task
 CONFIDENCE = 0.95  # of the accuracies' intervals over the gold pairs (Wilson score interval)
 # role in the summary's downstream -> the metric shown (gate.policy_metric / gate.generator_metric by default)
 DOWNSTREAM = {"policy": "accuracy", "generator": "score10"}
@@ -35,6 +36,9 @@ class IterationRow:
     # the accuracies' CONFIDENCE intervals over the n gold pairs behind them: a small gold set moves by chance
     judge_interval: dict[str, list[float]] = field(default_factory=dict)
     teacher: dict[str, float] = field(default_factory=dict)
+    # ranking accuracy per sub-task, "<split>/<sub-task>" (e.g. "id/iu_caption"): where the judge fails
+    subtasks: dict[str, float] = field(default_factory=dict)
+    teacher_subtasks: dict[str, float] = field(default_factory=dict)
     downstream: dict[str, dict[str, float]] = field(default_factory=dict)  # role -> {"before", "after"}
     # registered model -> "promoted", "kept" (the champion stayed) or "refused" (its own training refused it)
     outcome: dict[str, str] = field(default_factory=dict)
@@ -47,6 +51,12 @@ class IterationRow:
 def _judge_metrics(meta: dict) -> dict[str, float]:
     return {f"{short}/{col}": float(meta[split][key]) for short, split in SPLITS.items() if split in meta
             for col, key in JUDGE_METRICS if key in meta[split]}
+
+
+def _subtask_ranking(meta: dict) -> dict[str, float]:
+    prefix, suffix = "subtask/", "/" + SUBTASK_METRIC
+    return {f"{short}/{key[len(prefix):-len(suffix)]}": float(value) for short, split in SPLITS.items()
+            for key, value in meta.get(split, {}).items() if key.startswith(prefix) and key.endswith(suffix)}
 
 
 def _intervals(meta: dict) -> dict[str, list[float]]:
@@ -77,6 +87,8 @@ def row_of(iteration: int, run_id: str, status: str, summary: dict | None,
     row.judge = _judge_metrics(meta.get("challenger", {}))
     row.judge_interval = _intervals(meta.get("challenger", {}))
     row.teacher = _judge_metrics(meta.get("teacher", {}))
+    row.subtasks = _subtask_ranking(meta.get("challenger", {}))
+    row.teacher_subtasks = _subtask_ranking(meta.get("teacher", {}))
     names = {**DOWNSTREAM, **(metrics or {})}
     for role, d in summary.get("downstream", {}).items():
         name = names.get(role, "")

@@ -23,8 +23,12 @@ def _decision(model: str, promoted: bool, reason: str = "r") -> dict:
 
 def _meta(ranking: float) -> dict:
     return {"id-test": {"all/pointwise_ranking/accuracy": ranking, "all/pointwise_ranking/n": 100,
-                        "all/pairwise/accuracy": 0.3, "all/pairwise/n": 0, "all/pointwise/pearson": 0.5},
-            "ood-test": {"all/pointwise_ranking/accuracy": ranking + 0.1}}
+                        "all/pairwise/accuracy": 0.3, "all/pairwise/n": 0, "all/pointwise/pearson": 0.5,
+                        "subtask/iu_caption/pointwise_ranking/accuracy": ranking - 0.2,
+                        "subtask/iu_caption/pointwise_ranking/n": 30, "subtask/iu_caption/pairwise/accuracy": 0.1,
+                        "subtask/iu_count/pointwise_ranking/accuracy": 1.0},
+            "ood-test": {"all/pointwise_ranking/accuracy": ranking + 0.1,
+                         "subtask/ig_relation/pointwise_ranking/accuracy": ranking - 0.1}}
 
 
 def _iteration(tracker: Tracker, n: int, ranking: float | None, promoted: bool = False) -> str:
@@ -64,6 +68,9 @@ def test_rows_come_from_each_iterations_latest_run(workdir):
     assert rows[1].judge == {"id/ranking": 0.73, "id/pairwise": 0.3, "id/pearson": 0.5,
                              "ood/ranking": pytest.approx(0.83)}
     assert rows[1].teacher["id/ranking"] == 0.95
+    assert rows[1].subtasks == {"id/iu_caption": pytest.approx(0.53), "id/iu_count": 1.0,
+                                "ood/ig_relation": pytest.approx(0.63)}
+    assert rows[1].teacher_subtasks["id/iu_caption"] == pytest.approx(0.75)
     assert rows[1].downstream == {"policy": {"before": 0.43, "after": 0.48},
                                   "generator": {"before": 4.4, "after": 4.38}}
     assert rows[1].outcome == {"judge": "promoted", "policy-llava": "kept", "policy-sdxl": "refused"}
@@ -83,6 +90,12 @@ def test_cli_prints_a_table_and_json_lines(workdir):
     assert "4.400 → 4.380" in lines["1"] and "judge" in lines["1"] and "302" in lines["1"]
     assert "0.950" in lines["teacher"] and "Downloading" not in out.output
     assert lines["0"].count("refused") == 1  # the LLaVA's; the SDXL made no decision in iteration 0
+    # the sub-task table: a row per sub-task (id first), a column per iteration, the teacher's last
+    assert "ranking accuracy per sub-task" in out.output
+    cells = lambda key: [c for c in lines[key].split() if c != "│"][1:]  # noqa: E731
+    assert cells("id/iu_caption") == ["0.430", "0.530", "—", "0.750"]
+    assert cells("ood/ig_relation") == ["0.530", "0.630", "—", "0.850"]
+    assert out.output.index("id/iu_count") < out.output.index("ood/ig_relation")
     lines = CliRunner().invoke(app, [*args, "--json"]).output.splitlines()
     assert [json.loads(x)["iteration"] for x in lines] == [0, 1, 2]
     # no interval without the pairs' count (the pairwise n is 0, the ood split gives none)
@@ -114,3 +127,13 @@ def test_an_unreadable_summary_is_named_and_the_other_iterations_still_show(tmp_
     out = CliRunner().invoke(app, ["report", f"run.workdir={tmp_path}", "run.name=report-broken"],
                              terminal_width=250)
     assert out.exit_code == 0 and "iteration 1" in out.output and "not JSON" in out.output
+
+
+def test_the_iteration_description_names_the_sub_tasks_worst_first():
+    from flywheel.iteration import _markdown
+
+    summary = {"iteration": 3, "decisions": [], "downstream": {}, "seconds": {}, "counts": {},
+               "meta_eval": {"challenger": _meta(0.73), "teacher": _meta(0.95)}}
+    lines = [line for line in _markdown(summary).splitlines() if "per sub-task" in line]
+    assert lines == ["*Ranking accuracy per sub-task, id-test:* iu_caption 0.530, iu_count 1.000",
+                     "*Ranking accuracy per sub-task, ood-test:* ig_relation 0.630"]  # the challenger's only

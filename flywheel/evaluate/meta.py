@@ -3,8 +3,9 @@ against the gold (flywheel/evaluate/metrics.py).
 
 Reported apart, as FRABench does: in-distribution (id-test), task generalization (ood-test items on unseen
 sub-tasks judged on seen aspects or overall) and aspect generalization (ood-test items on an unseen aspect);
-and per task category. Pairwise gold items are re-judged in both orders, so accuracy requires a verdict that
-survives the swap and the position-bias rate is measured.
+and per task category and sub-task (`task/iu/...`, `subtask/iu_caption/...`: where the judge fails). Pairwise
+gold items are re-judged in both orders, so accuracy requires a verdict that survives the swap and the
+position-bias rate is measured.
 
 With Minos' perturbation checks (flywheel/evaluate/perturbation.py, `meta_eval.perturbation`), perturbed copies
 of sampled pointwise gold items (images swapped between items; 25% of a response's word spans replaced) are
@@ -96,8 +97,8 @@ Slices = dict[str, tuple[list[PointItem], list[PairItem], list[PairItem]]]  # na
 
 def _slices(gold: list[dict], judged: list[dict], prompts: dict[str, dict], unseen_aspects: set[str],
             ood_subtasks: set[str], protocols: tuple[str, ...]) -> Slices:
-    """The scored items of each slice (all, per task category, per generalization), keyed by gold judgment id:
-    one code path for the metrics and for the per-pair outcomes a paired gate test compares."""
+    """The scored items of each slice (all, per task category and sub-task, per generalization), keyed by gold
+    judgment id: one code path for the metrics and for the per-pair outcomes a paired gate test compares."""
     by_key: dict[tuple, dict[str | None, dict]] = defaultdict(dict)
     for j in judged:
         by_key[_key(j)][j["order"]] = j
@@ -106,7 +107,7 @@ def _slices(gold: list[dict], judged: list[dict], prompts: dict[str, dict], unse
     slices: Slices = defaultdict(lambda: ([], [], []))
     for g in gold:
         p = prompts[g["prompt_id"]]
-        names = ["all", f"task/{p['task']}"]
+        names = ["all", f"task/{p['task']}", *([f"subtask/{p['subtask']}"] if p["subtask"] else [])]
         if p["subtask"] in ood_subtasks:
             names.append("aspect_generalization" if g["aspect"] in unseen_aspects else "task_generalization")
         mine = by_key.get(_key(g), {})
@@ -130,7 +131,8 @@ def _slices(gold: list[dict], judged: list[dict], prompts: dict[str, dict], unse
 
 def score_split(gold: list[dict], judged: list[dict], prompts: dict[str, dict], unseen_aspects: set[str],
                 ood_subtasks: set[str], protocols: tuple[str, ...] = ("pointwise", "pairwise")) -> dict[str, float]:
-    """Metrics of one split's judge judgments vs its gold, overall, per task category and per generalization.
+    """Metrics of one split's judge judgments vs its gold, overall, per task category and sub-task and per
+    generalization.
 
     Besides the pairwise protocol's accuracy, `<slice>/pointwise_ranking/accuracy` scores each overall gold pair
     by the judge's two pointwise ratings (higher wins; equal ratings or a failed parse count wrong): the way the

@@ -151,7 +151,11 @@ def test_each_per_pair_accuracy_is_the_mean_of_its_pair_outcomes():
     names = [k for k in metrics if k.endswith("/accuracy")]
     assert {"all/pairwise/accuracy", "all/pointwise_ranking/accuracy", "task/iu/pairwise/accuracy",
             "task/nlg/pointwise_ranking/accuracy", "task_generalization/pointwise_ranking/accuracy",
-            "aspect_generalization/pairwise/accuracy"} <= set(names)
+            "aspect_generalization/pairwise/accuracy", "subtask/iu_count/pointwise_ranking/accuracy",
+            "subtask/nlg_describe_scene/pairwise/accuracy"} <= set(names)
+    # the sub-tasks partition their task: a task's pairs are its sub-tasks' pairs
+    n = lambda name: metrics.get(f"{name}/pointwise_ranking/n", 0)  # noqa: E731
+    assert n("task/iu") == n("subtask/iu_count") + n("subtask/iu_relation") > n("subtask/iu_count") > 0
     for name in names:
         outcomes = meta.pair_outcomes(name, gold, judged, prompts, unseen, ood)
         n = metrics[name.replace("/accuracy", "/n")]
