@@ -38,6 +38,8 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=5e-4)
     ap.add_argument("--base", choices=["zoo", "world"], default="zoo",
                     help="zoo: the random judge; world: the perceiving base (built and cached in the workdir).")
+    ap.add_argument("--seed", type=int, default=None, help="Training seed (data order); default run.seed. Two "
+                    "seeds of the same setting show how much one training varies.")
     ap.add_argument("--set", nargs="*", default=[], help="Config overrides, e.g. of world.base_policies.judge.")
     ap.add_argument("--out", default="runs/bench-judge-learning")
     ap.add_argument("--stage", choices=["all", "train", "eval"], default="all",
@@ -78,7 +80,7 @@ def train_judge(cfg, rows: list[dict], args, out: Path) -> None:
         "max_steps": args.steps, "batch_size": args.batch_size, "lr": args.lr, "save_steps": 10**9,
         "logging_steps": max(args.steps // 10, 1)})
     trainer = build_trainer(model, processor, to_hf_dataset(sft_rows(rows)).shuffle(seed=0), settings,
-                            str(out / "trl"), cfg.run.seed, bare=True)
+                            str(out / "trl"), cfg.run.seed if args.seed is None else args.seed, bare=True)
     t0 = time.perf_counter()
     trainer.train()
     print(f"trained {args.steps} steps in {time.perf_counter() - t0:.0f} s", flush=True)
