@@ -22,6 +22,7 @@ import mlflow
 
 from flywheel import gate, stage_clock, storage
 from flywheel.config import Config
+from flywheel.evaluate import metric_names
 from flywheel.iteration_record import ROLES, IterationRecord
 from flywheel.stage_clock import StageClock
 from flywheel.track import Tracker
@@ -348,8 +349,7 @@ def _markdown(s: dict) -> str:
                       f"{p['span_swap/lower_share']:.1%}"
                       f" (higher {p['span_swap/higher_share']:.1%})"]
     for split, m in s["meta_eval"].get("challenger", {}).items():
-        ranked = sorted((v, k[len("subtask/"):-len("/pointwise_ranking/accuracy")]) for k, v in m.items()
-                        if k.startswith("subtask/") and k.endswith("/pointwise_ranking/accuracy"))
+        ranked = sorted((v, t) for t, v in metric_names.per_subtask(m, "pointwise_ranking/accuracy").items())
         if ranked:  # where the judge fails, worst first
             lines += ["", f"*Ranking accuracy per sub-task, {split}:* " + ", ".join(f"{t} {_cell(v)}"
                                                                                for v, t in ranked)]

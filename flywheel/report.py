@@ -54,9 +54,10 @@ def _judge_metrics(meta: dict) -> dict[str, float]:
 
 
 def _subtask_ranking(meta: dict) -> dict[str, float]:
-    prefix, suffix = "subtask/", "/" + SUBTASK_METRIC
-    return {f"{short}/{key[len(prefix):-len(suffix)]}": float(value) for short, split in SPLITS.items()
-            for key, value in meta.get(split, {}).items() if key.startswith(prefix) and key.endswith(suffix)}
+    from flywheel.evaluate.metric_names import per_subtask
+
+    return {f"{short}/{name}": float(v) for short, split in SPLITS.items()
+            for name, v in per_subtask(meta.get(split, {}), SUBTASK_METRIC).items()}
 
 
 def _intervals(meta: dict) -> dict[str, list[float]]:

@@ -107,7 +107,7 @@ def _slices(gold: list[dict], judged: list[dict], prompts: dict[str, dict], unse
     slices: Slices = defaultdict(lambda: ([], [], []))
     for g in gold:
         p = prompts[g["prompt_id"]]
-        names = ["all", f"task/{p['task']}", *([f"subtask/{p['subtask']}"] if p["subtask"] else [])]
+        names = ["all", f"task/{p['task']}", *([metric_names.SUBTASK + p["subtask"]] if p["subtask"] else [])]
         if p["subtask"] in ood_subtasks:
             names.append("aspect_generalization" if g["aspect"] in unseen_aspects else "task_generalization")
         mine = by_key.get(_key(g), {})

@@ -33,3 +33,13 @@ def per_pair_accuracy(name: str) -> tuple[str, str] | None:
     if len(parts) < 3 or parts[-1] != "accuracy" or parts[-2] not in PER_PAIR:
         return None
     return "/".join(parts[:-2]), parts[-2]
+
+
+SUBTASK = "subtask/"
+
+
+def per_subtask(metrics: dict[str, float], measure: str) -> dict[str, float]:
+    """One split's `subtask/<name>/<measure>` values by sub-task name (meta-eval's per-sub-task slice)."""
+    suffix = "/" + measure
+    return {k[len(SUBTASK):-len(suffix)]: v for k, v in metrics.items()
+            if k.startswith(SUBTASK) and k.endswith(suffix)}
