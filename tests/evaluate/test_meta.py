@@ -270,3 +270,14 @@ def test_teacher_meta_eval_is_shared_by_iterations_and_judged_once(gold_uri):
     assert json.dumps(later, sort_keys=True) == json.dumps(first, sort_keys=True)
     assert len(written) >= 4 and judged() == written  # the stage's output and its parts: not re-judged
     assert first["id-test"]["all/pointwise/n"] > 0
+
+
+def test_items_without_a_sub_task_get_no_sub_task_slice():
+    """A user's labelled file may leave the sub-task out: its items are scored overall and per task only."""
+    gold, judged, prompts = _random_split()
+    prompts = {pid: {**p, "subtask": None if p["subtask"] == "iu_relation" else p["subtask"]}
+               for pid, p in prompts.items()}
+    metrics = meta.score_split(gold, judged, prompts, {"color"}, set())
+    subtasks = {k.split("/")[1] for k in metrics if k.startswith("subtask/")}
+    assert subtasks == {"iu_count", "nlg_describe_scene"}
+    assert metrics["task/iu/pointwise_ranking/n"] > metrics["subtask/iu_count/pointwise_ranking/n"]
