@@ -642,6 +642,12 @@ class GateConfig(_Strict):
         True, description="Iteration 0 (no champion judge yet): meta-evaluate the configured base judge too, and "
         "the first trained judge must beat it. Off for a base that has never judged: the first judge is then "
         "promoted unless its metric is undefined (NaN), and the summary has no baseline row.")
+    judge_lineage: Literal["champion", "within_noise"] = Field(
+        "champion", description="What the next iteration's judge trains from: `champion`, the promoted judge; "
+        "`within_noise`, the latest challenger unless McNemar's one-sided test on the gold pairs finds it worse "
+        "than the champion (p < judge_alpha), else the champion. The champion is the best of several noisy "
+        "trainings, so a challenger as good on average scores below it and is kept out; with `within_noise` its "
+        "round of training is still built on. Either way the champion alone serves and is gated against.")
     policy_metric: str = Field("accuracy", description="Oracle metric of the text policy on held-out items.")
     policy_margin: float = Field(0.0, description="How much better the new text policy must be.")
     generator_metric: str = Field("score10", description="Oracle 0-10 score of the generator on held-out prompts.")

@@ -12,6 +12,11 @@ so McNemar's exact test compares them pair by pair. A judge's per-pair outcomes 
 meta-eval on storage, which its version names in tags (`flywheel.gate.meta_eval_uri`, `flywheel.gate.gold_uri`);
 a champion without them (registered before, or its files gone) is compared by the margin alone, and the reason
 says so.
+
+What the next iteration's judge trains from is a second decision (`gate.judge_lineage`): the champion, or the
+`lineage` alias, which follows each challenger unless it is significantly worse than the champion. The champion
+is the best of several noisy trainings, so its gold score is biased upward (winner's curse): a challenger as good
+on average falls below it, and training every round again from the champion throws that round away.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from flywheel.train import registry
 
 log = logging.getLogger(__name__)
 CHAMPION = "champion"
+LINEAGE = "lineage"  # alias of the judge the next iteration trains from (gate.judge_lineage: within_noise)
 
 
 @dataclass
@@ -284,3 +290,53 @@ def _settle(cfg: Config, mv, d: Decision, said: str) -> None:
     client.set_model_version_tag(mv.name, mv.version, "flywheel.gate.decision", said[:4900])
     if d.promoted:
         client.set_registered_model_alias(mv.name, CHAMPION, mv.version)
+
+
+# ------------------------------------------------------------------ what the next round trains from
+def lineage_of(cfg: Config, name: str) -> str | None:
+    """models:/<name>/<version> the `lineage` alias names, or None."""
+    try:
+        mv = registry.client(cfg).get_model_version_by_alias(name, LINEAGE)
+    except Exception:  # no registered model, or no alias yet
+        return None
+    return registry.describe(mv)
+
+
+def continue_lineage(cfg: Config, d: Decision, meta_eval: MetaEval | None, alpha: float) -> dict:
+    """After the judge gate decided `d`: point the `lineage` alias at the judge the next iteration trains from,
+    and return {"start", "reason"}: start is the reference the next round trains from (None: no champion yet).
+
+    The challenger continues the lineage unless it is significantly worse than the champion: McNemar's exact
+    one-sided test on their gold pairs (champion better) with p < alpha, or a challenger whose metric is undefined.
+    Without per-pair outcomes to test, the champion is kept: a broken challenger must not become the base."""
+    name, version = d.model, registry.get_version(cfg, d.challenger).version
+    if d.promoted:
+        start, reason = d.challenger, "the challenger was promoted: it is the champion"
+    elif math.isnan(d.challenger_value):
+        start, reason = d.champion, f"the challenger's {d.metric} is undefined: the champion"
+    else:
+        try:
+            if d.champion is None or not d.champion.startswith("models:/"):
+                raise Untestable(f"the champion {d.champion} is not a registered judge with a meta-eval")
+            champ = _outcomes(cfg, "champion", recorded_meta_eval(cfg, d.champion), d.metric, d.champion_value)
+            b, c, p = mcnemar(champ, _outcomes(cfg, "challenger", meta_eval, d.metric, d.challenger_value))
+        except Untestable as e:
+            start, reason = d.champion, f"cannot test the challenger against the champion ({e}): the champion"
+        else:
+            within = p >= alpha
+            start = d.challenger if within else d.champion
+            reason = (f"{d.metric} {d.challenger_value:.4f} vs champion {d.champion_value:.4f}, McNemar "
+                      f"champion-only b={b} challenger-only c={c} p={p:.2g} "
+                      + (f"≥ alpha {alpha}: within noise, the challenger" if within
+                         else f"< alpha {alpha}: significantly worse, the champion"))
+    client = registry.client(cfg)
+    if start is not None and start.startswith("models:/"):
+        client.set_registered_model_alias(name, LINEAGE, registry.get_version(cfg, start).version)
+    else:  # the champion is the configured base model: no alias, so the next round starts from it
+        try:
+            client.delete_registered_model_alias(name, LINEAGE)
+        except Exception:  # there was none
+            pass
+    client.set_model_version_tag(name, version, "flywheel.gate.lineage", f"next training from {start}: {reason}"[:4900])
+    log.info("gate %s lineage: the next iteration trains from %s (%s)", name, start, reason)
+    return {"start": start, "reason": reason}

@@ -59,9 +59,11 @@ def paths(cfg: Config, n: int) -> dict[str, str]:
 
 
 def current(cfg: Config, role: str) -> str:
-    """The model an iteration starts from: the registered champion, else the configured base model."""
+    """The model an iteration starts from: the registered champion, else the configured base model. A judge
+    trains from its lineage instead when gate.judge_lineage says so (flywheel/gate.py)."""
     name = getattr(cfg.train.registry, role)
-    return gate.champion_of(cfg, name) or getattr(cfg.models, role).path
+    head = gate.lineage_of(cfg, name) if role == "judge" and cfg.gate.judge_lineage == "within_noise" else None
+    return head or gate.champion_of(cfg, name) or getattr(cfg.models, role).path
 
 
 def with_models(cfg: Config, **refs: str) -> Config:
@@ -138,8 +140,12 @@ def run_iteration(cfg: Config, n: int, tracker: Tracker | None = None) -> Iterat
                             baseline=(judge0, base) if has_baseline else None,
                             alpha=cfg.gate.judge_alpha if cfg.gate.judge_test == "mcnemar" else None,
                             meta_eval=gate.MetaEval(p["meta-eval"], p["gold"]), baseline_meta_eval=base_eval)
-            res.decisions.append(d.to_dict())
-            mlflow.log_dict(d.to_dict(), "gate/judge.json")
+            decision = d.to_dict()
+            if cfg.gate.judge_lineage == "within_noise":
+                decision["next_start"] = gate.continue_lineage(cfg, d, gate.MetaEval(p["meta-eval"], p["gold"]),
+                                                               cfg.gate.judge_alpha)
+            res.decisions.append(decision)
+            mlflow.log_dict(decision, "gate/judge.json")
 
         from flywheel.preferences import make_preferences
 
@@ -334,6 +340,8 @@ def _markdown(s: dict) -> str:
     lines = [f"## Flywheel iteration {s['iteration']}", "", "**Promotion decisions:**"]
     lines += [f"- {d['model']}: {'promoted' if d['promoted'] else 'kept champion'} — {d['reason']}"
               for d in s["decisions"]] or ["- none (no model reached a gate)"]
+    lines += [f"- {d['model']}'s next training starts from {d['next_start']['start'] or 'the base model'} — "
+              f"{d['next_start']['reason']}" for d in s["decisions"] if d.get("next_start")]
     lines += ["", "**Judge meta-eval vs gold** (the new judge; the champion it must beat; the noisy teacher it learns "
               "from)", "", "| judge | split | " + " | ".join(META_COLUMNS.values()) + " |",
               "|---|---|" + "---|" * len(META_COLUMNS)]

@@ -257,3 +257,75 @@ def test_mcnemar_counts_only_pairs_both_judges_were_scored_on():
     assert (b, c) == (2, 1) and p == pytest.approx(stats.binomtest(2, 3, 0.5, alternative="greater").pvalue)
     assert gate.mcnemar({"a": True}, {"a": True}) == (0, 0, 1.0)  # no discordant pair: no evidence
     assert gate.mcnemar({k: True for k in "abcdefgh"}, {k: False for k in "abcdefgh"})[2] < 0.05
+
+
+# ------------------------------------------------------------------ the judge lineage (gate.judge_lineage)
+def _champion_and_challenger(cfg, gold, tmp_path, only_challenger, only_champion):
+    """v1 promoted as champion over a weak baseline, then v2 gated against it with these discordant pairs."""
+    uri, ids = gold
+    mine, theirs = _outcomes(ids, both=120, only_challenger=only_challenger, only_champion=only_champion)
+    where1, value1 = _meta_eval(tmp_path, "me-1", uri, theirs)
+    v1 = _version(cfg)
+    assert _judge_gate(cfg, v1, value1, where1, alpha=None, baseline=("world:judge", 0.0, None)).promoted
+    where2, value2 = _meta_eval(tmp_path, "me-2", uri, mine)
+    v2 = _version(cfg)
+    return v1, v2, _judge_gate(cfg, v2, value2, where2, alpha=None), where2
+
+
+def _start(cfg, lineage):
+    from flywheel.iteration import current
+
+    c = cfg.model_copy(deep=True)
+    c.gate.judge_lineage = lineage
+    return current(c, "judge")
+
+
+def test_a_challenger_within_noise_of_the_champion_is_trained_on_but_not_served(cfg, gold, tmp_path):
+    v1, v2, d, where2 = _champion_and_challenger(cfg, gold, tmp_path, only_challenger=11, only_champion=17)
+    assert not d.promoted and gate.champion_of(cfg, "judge") == v1
+    nxt = gate.continue_lineage(cfg, d, where2, 0.05)
+    p = stats.binomtest(17, 28, 0.5, alternative="greater").pvalue
+    assert nxt["start"] == v2 and gate.lineage_of(cfg, "judge") == v2
+    assert f"b=17 challenger-only c=11 p={p:.2g} ≥ alpha 0.05: within noise" in nxt["reason"]
+    assert _start(cfg, "within_noise") == v2 and _start(cfg, "champion") == v1  # the champion still serves
+    assert gate.champion_of(cfg, "judge") == v1
+    assert "within noise" in registry.get_version(cfg, v2).tags["flywheel.gate.lineage"]
+    # the gate stage runs again on --resume: the same answer
+    assert gate.continue_lineage(cfg, d, where2, 0.05) == nxt
+
+
+def test_a_significantly_worse_challenger_is_dropped_from_the_lineage(cfg, gold, tmp_path):
+    v1, v2, d, where2 = _champion_and_challenger(cfg, gold, tmp_path, only_challenger=3, only_champion=20)
+    nxt = gate.continue_lineage(cfg, d, where2, 0.05)
+    assert nxt["start"] == v1 and "significantly worse, the champion" in nxt["reason"]
+    assert _start(cfg, "within_noise") == v1
+
+
+def test_a_promoted_challenger_heads_the_lineage_and_a_broken_one_does_not(cfg, gold, tmp_path):
+    v1, v2, d, where2 = _champion_and_challenger(cfg, gold, tmp_path, only_challenger=30, only_champion=2)
+    assert d.promoted
+    assert gate.continue_lineage(cfg, d, where2, 0.05)["start"] == v2 == _start(cfg, "within_noise")
+    v3 = _version(cfg)
+    d3 = gate.decide(cfg, v3, math.nan, METRIC, 0.0)
+    nxt = gate.continue_lineage(cfg, d3, None, 0.05)
+    assert nxt["start"] == v2 and "undefined" in nxt["reason"] and _start(cfg, "within_noise") == v2
+
+
+def test_without_outcomes_to_test_the_lineage_falls_back_to_the_champion(cfg, gold, tmp_path):
+    v1, v2, d, where2 = _champion_and_challenger(cfg, gold, tmp_path, only_challenger=11, only_champion=17)
+    shutil.rmtree(where2.output_uri)  # the challenger's meta-eval is gone
+    nxt = gate.continue_lineage(cfg, d, where2, 0.05)
+    assert nxt["start"] == v1 and "cannot test" in nxt["reason"] and "cannot read the meta-eval" in nxt["reason"]
+
+
+def test_a_challenger_kept_out_by_the_base_model_leaves_no_lineage_alias(cfg, gold, tmp_path):
+    """Iteration 0 with gate.judge_baseline: the champion is the configured base, not a registered version."""
+    uri, ids = gold
+    mine, theirs = _outcomes(ids, both=120, only_challenger=11, only_champion=17)
+    base, base_value = _meta_eval(tmp_path, "me-base", uri, theirs)
+    where, value = _meta_eval(tmp_path, "me-1", uri, mine)
+    d = _judge_gate(cfg, _version(cfg), value, where, alpha=None, baseline=("world:judge", base_value, base))
+    assert not d.promoted
+    nxt = gate.continue_lineage(cfg, d, where, 0.05)
+    assert nxt["start"] == "world:judge" and "not a registered judge" in nxt["reason"]
+    assert gate.lineage_of(cfg, "judge") is None and _start(cfg, "within_noise") == cfg.models.judge.path

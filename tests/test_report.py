@@ -137,3 +137,16 @@ def test_the_iteration_description_names_the_sub_tasks_worst_first():
     lines = [line for line in _markdown(summary).splitlines() if "per sub-task" in line]
     assert lines == ["*Ranking accuracy per sub-task, id-test:* iu_caption 0.530, iu_count 1.000",
                      "*Ranking accuracy per sub-task, ood-test:* ig_relation 0.630"]  # the challenger's only
+
+
+def test_the_iteration_description_says_what_the_next_judge_trains_from():
+    from flywheel.iteration import _markdown
+
+    kept_out = {"model": "judge", "promoted": False, "reason": "0.80 ≤ champion 0.84: champion stays",
+                "next_start": {"start": "models:/judge/20", "reason": "p=0.17 ≥ alpha 0.05: within noise"}}
+    summary = {"iteration": 9, "decisions": [kept_out, {"model": "policy", "promoted": False, "reason": "refused"}],
+               "downstream": {}, "seconds": {}, "counts": {}, "meta_eval": {}}
+    lines = _markdown(summary).splitlines()
+    assert lines[3:6] == ["- judge: kept champion — 0.80 ≤ champion 0.84: champion stays",
+                          "- policy: kept champion — refused",
+                          "- judge's next training starts from models:/judge/20 — p=0.17 ≥ alpha 0.05: within noise"]
