@@ -74,7 +74,7 @@ def run(config: ConfigOpt = Path("configs/local.yaml"), overrides: Overrides = N
     _setup_logging()
     from flywheel.iteration import run_iteration
     from flywheel.raycluster import init_ray
-    from flywheel.stage_clock import time_line
+    from flywheel.stage_clock import busy_note, time_line
     from flywheel.track import Tracker
 
     cfg = _load(config, overrides)
@@ -87,6 +87,8 @@ def run(config: ConfigOpt = Path("configs/local.yaml"), overrides: Overrides = N
             console.print(f"{d['model']:14s} {'PROMOTED' if d['promoted'] else 'kept champion'}: {d['reason']}")
         if line := time_line(res.seconds):
             console.print(line)
+        if note := busy_note(res.load, res.cpus):
+            console.print(f"[yellow]{note}: those stages took longer than they would alone[/yellow]")
     console.print(f"Browse it: {tracker.ui_hint()}")
 
 
@@ -160,7 +162,8 @@ def report(config: ConfigOpt = Path("configs/local.yaml"), overrides: Overrides 
     for r in rows:
         promoted = ", ".join(m for m, o in r.outcome.items() if o == "promoted") or ("none" if r.outcome else "—")
         t.add_row(str(r.iteration), r.status, *(judged(r, c) for c in cols), move("policy", r),
-                  move("generator", r), promoted, "—" if r.seconds != r.seconds else f"{r.seconds:.0f}")
+                  move("generator", r), promoted,
+                  "—" if r.seconds != r.seconds else f"{r.seconds:.0f}" + ("*" if r.busy else ""))
     teacher = next((r.teacher for r in reversed(rows) if r.teacher), None)
     if teacher:  # judged once on the shared gold set: the bar the judge aims at
         t.add_row("teacher", "(noisy)", *(num(teacher.get(c)) for c in cols), end_section=True)
@@ -168,6 +171,8 @@ def report(config: ConfigOpt = Path("configs/local.yaml"), overrides: Overrides 
     if any(r.subtasks for r in rows):
         console.print(_subtask_table(rows, num))
     for r in rows:
+        if r.busy:
+            console.print(f"* iteration {r.iteration}: {r.busy}")
         if r.problem:
             console.print(f"[yellow]iteration {r.iteration} (MLflow run {r.run_id}): {r.problem}[/yellow]")
     if any(r.judge_interval for r in rows):

@@ -35,6 +35,8 @@ class IterationResult:
     iteration: int
     run_id: str
     seconds: dict[str, float] = field(default_factory=dict)
+    load: dict[str, float] = field(default_factory=dict)  # mean 1-minute load average per stage (stage_clock.py)
+    cpus: int | None = None
     counts: dict[str, int] = field(default_factory=dict)
     meta_eval: dict = field(default_factory=dict)
     downstream: dict = field(default_factory=dict)
@@ -90,6 +92,7 @@ def run_iteration(cfg: Config, n: int, tracker: Tracker | None = None) -> Iterat
         record.save(it_dir)
 
         clock = StageClock(storage.join(it_dir, stage_clock.FILE))
+        res.cpus = clock.cpus
 
         @contextmanager
         def stage(name: str):
@@ -97,6 +100,8 @@ def run_iteration(cfg: Config, n: int, tracker: Tracker | None = None) -> Iterat
                 log.info("iteration %d: stage %s", n, name)
                 yield
             res.seconds[name] = clock.done[name]
+            if name in clock.load:
+                res.load[name] = clock.load[name]
 
         judge0 = record.start["judge"]
         res.models = _start_models(record)
@@ -183,9 +188,9 @@ def _finished_earlier(cfg: Config, record: IterationRecord) -> IterationResult:
     if record.config_hash != cfg.hash():
         log.warning("iteration %d finished with config %s, not this one (%s): its results stand; to redo it, "
                     "use a new run.workdir", n, record.config_hash, cfg.hash())
-    seconds = StageClock(storage.join(iteration_dir(cfg, n), stage_clock.FILE)).done
+    clock = StageClock(storage.join(iteration_dir(cfg, n), stage_clock.FILE))
     return IterationResult(n, record.run_id or "", decisions=record.decisions, models=_start_models(record),
-                           seconds=dict(seconds), skipped=True)
+                           seconds=dict(clock.done), load=dict(clock.load), cpus=clock.cpus, skipped=True)
 
 
 def _start_models(record: IterationRecord) -> dict[str, str]:
@@ -312,7 +317,8 @@ def _promote_best_update(cfg: Config, role: str, base: str, outcomes: list, eval
 def _summarize(res: IterationResult) -> None:
     mlflow.log_metrics({f"seconds.{k}": v for k, v in res.seconds.items()} |
                        {f"count.{k}": float(v) for k, v in res.counts.items()})
-    summary = {"iteration": res.iteration, "seconds": res.seconds, "counts": res.counts, "meta_eval": res.meta_eval,
+    summary = {"iteration": res.iteration, "seconds": res.seconds, "load": res.load, "cpus": res.cpus,
+               "counts": res.counts, "meta_eval": res.meta_eval,
                "downstream": res.downstream, "decisions": res.decisions, "models": res.models,
                "pairs_vs_oracle": res.pairs_vs_oracle}
     mlflow.log_dict(summary, "summary/summary.json")
@@ -371,9 +377,12 @@ def _markdown(s: dict) -> str:
         lines += ["", "**Preference pairs vs the oracle** (chosen truly better / tie / worse, precision): " + "; ".join(
             f"{t} {pv[f'{t}/right']:.0f}/{pv[f'{t}/tie']:.0f}/{pv[f'{t}/wrong']:.0f} ({_cell(pv[f'{t}/precision'])})"
             for t in keys)]
+    load, cpus = s.get("load") or {}, s.get("cpus")
     lines += ["", "Galleries of chosen vs rejected samples: Artifacts → `gallery/`.", "",
-              "| stage | seconds (all runs that worked on it) |", "|---|---|"]
-    lines += [f"| {k} | {v:.1f} |" for k, v in s["seconds"].items()]
+              f"| stage | seconds (all runs that worked on it) | mean load ({cpus} CPUs) |", "|---|---|---|"]
+    lines += [f"| {k} | {v:.1f} | {load[k] if k in load else '—'} |" for k, v in s["seconds"].items()]
+    if note := stage_clock.busy_note(load, cpus):
+        lines += ["", f"*Times inflated: {note}.*"]
     lines += ["", "| dataset | rows | kept |", "|---|---|---|"]
     for k, v in s["counts"].items():
         src = s["counts"].get(RETENTION.get(k, ""))

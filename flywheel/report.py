@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from flywheel.config import Config
+from flywheel.stage_clock import busy_note
 
 # The judge metrics a row shows: (column, split, metric key of flywheel/evaluate/meta.py)
 JUDGE_METRICS = (("ranking", "all/pointwise_ranking/accuracy"), ("pairwise", "all/pairwise/accuracy"),
@@ -43,6 +44,7 @@ class IterationRow:
     # registered model -> "promoted", "kept" (the champion stayed) or "refused" (its own training refused it)
     outcome: dict[str, str] = field(default_factory=dict)
     seconds: float = math.nan
+    busy: str = ""  # the stages that ran while other work shared the machine (flywheel/stage_clock.py)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -100,6 +102,7 @@ def row_of(iteration: int, run_id: str, status: str, summary: dict | None,
         before = row.outcome.get(d["model"])
         row.outcome[d["model"]] = now if before is None else min(before, now, key=OUTCOMES.index)
     row.seconds = float(sum(summary.get("seconds", {}).values()))
+    row.busy = busy_note(summary.get("load") or {}, summary.get("cpus"))
     return row
 
 

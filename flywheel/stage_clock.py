@@ -5,14 +5,20 @@ took. A stage that did not finish (it raised, or the driver was killed) keeps th
 exception the time is written as the exception passes, and while a stage runs a heartbeat thread writes it every
 few seconds, so a SIGKILL loses at most one heartbeat. The next run that finishes the stage reports the sum.
 
-The file (`<iteration>/stage-seconds.json`): {"finished": {stage: seconds}, "unfinished": {stage: seconds}}.
-Files written before unfinished stages were kept hold the finished map alone, and are read as such.
+Beside each finished stage's time it keeps the machine's mean 1-minute load average while the stage ran (the
+run that finished it) and the CPUs this process may use: a stage that ran while other jobs shared the machine
+took longer than it would alone, and `busy_note` says which ones did.
+
+The file (`<iteration>/stage-seconds.json`): {"finished": {stage: seconds}, "unfinished": {stage: seconds},
+"load": {stage: mean load}, "cpus": n}. Files written before unfinished stages were kept hold the finished map
+alone, and are read as such.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -36,6 +42,8 @@ class StageClock:
         self.done: dict[str, float] = state["finished"]
         # seconds earlier runs spent on stages they did not finish
         self.unfinished: dict[str, float] = state.get("unfinished", {})
+        self.load: dict[str, float] = state.get("load", {})
+        self.cpus = cpus()
         self._lock = threading.Lock()
 
     @contextmanager
@@ -43,9 +51,11 @@ class StageClock:
         """Times the block; afterwards `done[name]` is the stage's total over every run that worked on it."""
         t0 = time.perf_counter()
         stop = threading.Event()
+        loads: list[float] = []
 
         def heartbeat() -> None:
             while not stop.wait(self.heartbeat_s):
+                loads.append(os.getloadavg()[0])
                 self._save_unfinished(name, time.perf_counter() - t0)
 
         beat = threading.Thread(target=heartbeat, name=f"stage-clock-{name}", daemon=True)
@@ -59,14 +69,17 @@ class StageClock:
             beat.join()
             seconds = time.perf_counter() - t0
             if finished:
-                self.finished(name, seconds)
+                loads.append(os.getloadavg()[0])
+                self.finished(name, seconds, sum(loads) / len(loads))
             else:
                 spent = self._save_unfinished(name, seconds, keep=True)
                 log.info("stage %s did not finish: %.1f s spent on it so far (%s)", name, spent, self.uri)
 
-    def finished(self, name: str, seconds: float) -> float:
-        """The stage's total over the runs that worked on it, recorded before the next stage starts."""
+    def finished(self, name: str, seconds: float, load: float | None = None) -> float:
+        """The stage's total over the runs that worked on it, recorded before the next stage starts (with the mean
+        load while this run worked on it)."""
         with self._lock:
+            first = name not in self.done
             before, lost = self.done.get(name, 0.0), self.unfinished.pop(name, 0.0)
             if name in self.done:
                 log.info("stage %s: finished by an earlier run in %.1f s (%.1f s now)", name, before, seconds)
@@ -74,6 +87,8 @@ class StageClock:
                 log.info("stage %s: %.1f s now, after %.1f s in earlier runs that did not finish it", name,
                          seconds, lost)
             self.done[name] = before + lost + seconds
+            if load is not None and first:  # a stage skipped on resume keeps the load it ran under
+                self.load[name] = round(load, 2)
             self._write()
             return self.done[name]
 
@@ -89,7 +104,8 @@ class StageClock:
             return spent
 
     def _write(self, unfinished: dict[str, float] | None = None) -> None:
-        state = {"finished": self.done, "unfinished": self.unfinished if unfinished is None else unfinished}
+        state = {"finished": self.done, "unfinished": self.unfinished if unfinished is None else unfinished,
+                 "load": self.load, "cpus": self.cpus}
         storage.write_bytes(self.uri, json.dumps(state, indent=1).encode())
 
 
@@ -102,3 +118,22 @@ def time_line(seconds: dict[str, float], top: int = 6) -> str:
     line = f"{sum(seconds.values()):.0f} s in stages: " + ", ".join(f"{k} {v:.0f}" for k, v in ranked[:top])
     rest = ranked[top:]
     return line + (f" (+{len(rest)} more stages {sum(v for _, v in rest):.0f})" if rest else "")
+
+
+def cpus() -> int:
+    """CPUs this process may run on (a container's share, not the host's)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+BUSY = 1.5  # a mean load above this many times the CPUs: other work shared the machine
+
+
+def busy_note(load: dict[str, float], n_cpus: int | None) -> str:
+    """"machine busy: load 4.1 on 2 CPUs during labels, judge-sft" for the stages that ran while the machine had
+    much more work than CPUs (one iteration alone keeps the load near the CPU count); empty when none did."""
+    if not load or not n_cpus:
+        return ""
+    busy = {k: v for k, v in load.items() if v > BUSY * n_cpus}
+    if not busy:
+        return ""
+    return f"machine busy: load {max(busy.values()):.1f} on {n_cpus} CPUs during {', '.join(busy)}"

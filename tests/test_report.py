@@ -36,7 +36,8 @@ def _iteration(tracker: Tracker, n: int, ranking: float | None, promoted: bool =
         with tracker.stage("prompts"):
             pass
         if ranking is not None:  # None: killed before its summary
-            res = IterationResult(n, parent.info.run_id, seconds={"prompts": 1.5, "judge-sft": 300.0})
+            res = IterationResult(n, parent.info.run_id, seconds={"prompts": 1.5, "judge-sft": 300.0}, cpus=2,
+                                  load={"prompts": 2.0, "judge-sft": 4.6 if n == 0 else 2.2})  # 0: a shared box
             res.meta_eval = {"challenger": _meta(ranking), "teacher": _meta(0.95)}
             res.downstream = {"policy": {"before": {"accuracy": 0.43}, "after": {"accuracy": 0.48}},
                               "generator": {"before": {"score10": 4.4}, "after": {"score10": 4.38}}}
@@ -77,6 +78,7 @@ def test_rows_come_from_each_iterations_latest_run(workdir):
     assert rows[1].seconds == 301.5
     assert rows[0].outcome == {"judge": "promoted", "policy-llava": "refused"} and rows[0].downstream == {}
     assert rows[2].status == "FINISHED" and rows[2].judge == {} and math.isnan(rows[2].seconds)
+    assert rows[0].busy == "machine busy: load 4.6 on 2 CPUs during judge-sft" and rows[1].busy == rows[2].busy == ""
 
 
 def test_cli_prints_a_table_and_json_lines(workdir):
@@ -90,6 +92,8 @@ def test_cli_prints_a_table_and_json_lines(workdir):
     assert "4.400 → 4.380" in lines["1"] and "judge" in lines["1"] and "302" in lines["1"]
     assert "0.950" in lines["teacher"] and "Downloading" not in out.output
     assert lines["0"].count("refused") == 1  # the LLaVA's; the SDXL made no decision in iteration 0
+    assert "302*" in lines["0"] and "302*" not in lines["1"]  # iteration 0's times were taken on a busy machine
+    assert "* iteration 0: machine busy: load 4.6 on 2 CPUs during judge-sft" in out.output
     # the sub-task table: a row per sub-task (id first), a column per iteration, the teacher's last
     assert "ranking accuracy per sub-task" in out.output
     cells = lambda key: [c for c in lines[key].split() if c != "│"][1:]  # noqa: E731
@@ -150,3 +154,17 @@ def test_the_iteration_description_says_what_the_next_judge_trains_from():
     assert lines[3:6] == ["- judge: kept champion — 0.80 ≤ champion 0.84: champion stays",
                           "- policy: kept champion — refused",
                           "- judge's next training starts from models:/judge/20 — p=0.17 ≥ alpha 0.05: within noise"]
+
+
+def test_the_iteration_description_shows_each_stages_load_and_flags_a_busy_machine():
+    from flywheel.iteration import _markdown
+
+    summary = {"iteration": 3, "decisions": [], "downstream": {}, "counts": {}, "meta_eval": {},
+               "seconds": {"labels": 40.0, "judge-sft": 846.0}, "load": {"labels": 2.1, "judge-sft": 4.3}, "cpus": 2}
+    text = _markdown(summary)
+    assert "| judge-sft | 846.0 | 4.3 |" in text and "| labels | 40.0 | 2.1 |" in text and "(2 CPUs)" in text
+    assert "*Times inflated: machine busy: load 4.3 on 2 CPUs during judge-sft.*" in text
+    summary["load"]["judge-sft"] = 2.4
+    assert "inflated" not in _markdown(summary)
+    del summary["load"], summary["cpus"]  # a summary written before the load was kept
+    assert "| judge-sft | 846.0 | — |" in _markdown(summary)

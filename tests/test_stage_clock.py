@@ -10,7 +10,8 @@ import time
 
 import pytest
 
-from flywheel.stage_clock import StageClock
+from flywheel import stage_clock
+from flywheel.stage_clock import StageClock, busy_note
 
 
 def _state(uri) -> dict:
@@ -42,7 +43,8 @@ def test_a_stage_that_raised_keeps_its_time_for_the_run_that_finishes_it(tmp_pat
     with resumed.stage("labels"):
         time.sleep(0.1)
     assert resumed.done["labels"] >= lost + 0.1
-    assert _state(uri) == {"finished": {"labels": resumed.done["labels"]}, "unfinished": {}}
+    state = _state(uri)
+    assert (state["finished"], state["unfinished"]) == ({"labels": resumed.done["labels"]}, {})
 
 
 def test_a_retry_in_the_same_process_adds_up_every_attempt(tmp_path):
@@ -58,7 +60,8 @@ def test_a_retry_in_the_same_process_adds_up_every_attempt(tmp_path):
 
 KILLED = """
 import sys, time
-from flywheel.stage_clock import StageClock
+from flywheel import stage_clock
+from flywheel.stage_clock import StageClock, busy_note
 clock = StageClock(sys.argv[1], heartbeat_s=0.1)
 clock.finished("candidates", 3.0)
 with clock.stage("labels"):
@@ -89,7 +92,8 @@ def test_the_earlier_flat_file_is_read_as_finished_stages(tmp_path):
     clock = StageClock(str(uri))
     assert clock.done == {"candidates": 30.0} and clock.unfinished == {}
     assert clock.finished("labels", 2.0) == 2.0
-    assert _state(uri) == {"finished": {"candidates": 30.0, "labels": 2.0}, "unfinished": {}}
+    assert _state(uri) == {"finished": {"candidates": 30.0, "labels": 2.0}, "unfinished": {}, "load": {},
+                           "cpus": stage_clock.cpus()}  # finished() without a load: none recorded
 
 
 def test_the_time_line_names_the_longest_stages_and_adds_up_the_rest():
@@ -99,3 +103,28 @@ def test_the_time_line_names_the_longest_stages_and_adds_up_the_rest():
     assert time_line(seconds, top=2) == "324 s in stages: judge-sft 272, meta-eval 29 (+3 more stages 24)"
     assert time_line(seconds) == "324 s in stages: judge-sft 272, meta-eval 29, labels 17, prompts 3, gold 3"
     assert time_line({}) == ""
+
+
+def test_each_stage_keeps_the_load_it_ran_under_and_a_resumed_skip_does_not_overwrite_it(tmp_path, monkeypatch):
+    """The machine's load is faked (a busy machine cannot be summoned in a test): 4.0, then 1.0 from the resume."""
+    uri = str(tmp_path / "stage-seconds.json")
+    monkeypatch.setattr(stage_clock.os, "getloadavg", lambda: (4.0, 0.0, 0.0))
+    clock = StageClock(uri, heartbeat_s=0.05)
+    with clock.stage("labels"):
+        time.sleep(0.3)
+    assert clock.load == {"labels": 4.0}
+    monkeypatch.setattr(stage_clock.os, "getloadavg", lambda: (1.0, 0.0, 0.0))
+    resumed = StageClock(uri, heartbeat_s=0.05)
+    with resumed.stage("labels"):  # finished earlier: skipped in a moment
+        pass
+    with resumed.stage("judge-sft"):
+        time.sleep(0.2)
+    state = _state(uri)
+    assert state["load"] == {"labels": 4.0, "judge-sft": 1.0} and state["cpus"] == stage_clock.cpus() >= 1
+
+
+def test_the_busy_note_names_the_stages_that_shared_the_machine():
+    assert busy_note({"labels": 2.1, "judge-sft": 2.9}, 2) == ""  # one iteration alone: load near the CPUs
+    assert busy_note({"labels": 4.12, "judge-sft": 2.0, "meta-eval": 3.5}, 2) == \
+        "machine busy: load 4.1 on 2 CPUs during labels, meta-eval"
+    assert busy_note({}, 2) == busy_note({"labels": 9.0}, None) == ""  # written before the load was kept
