@@ -85,6 +85,8 @@ def run(config: ConfigOpt = Path("configs/local.yaml"), overrides: Overrides = N
         console.rule(f"iteration {n}: {'finished earlier' if res.skipped else 'done'} (MLflow run {res.run_id})")
         for d in res.decisions:
             console.print(f"{d['model']:14s} {'PROMOTED' if d['promoted'] else 'kept champion'}: {d['reason']}")
+            if nxt := d.get("next_start"):
+                console.print(f"{'':14s} next training from {nxt['start'] or 'the base model'}: {nxt['reason']}")
         if line := time_line(res.seconds):
             console.print(line)
         if note := busy_note(res.load, res.cpus):

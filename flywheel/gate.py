@@ -62,8 +62,12 @@ class Decision:
 
 def champion_of(cfg: Config, name: str) -> str | None:
     """models:/<name>/<version> of the current champion, or None if the model has none yet."""
+    return _aliased(cfg, name, CHAMPION)
+
+
+def _aliased(cfg: Config, name: str, alias: str) -> str | None:
     try:
-        mv = registry.client(cfg).get_model_version_by_alias(name, CHAMPION)
+        mv = registry.client(cfg).get_model_version_by_alias(name, alias)
     except Exception:  # no registered model, or no alias yet
         return None
     return registry.describe(mv)
@@ -295,11 +299,7 @@ def _settle(cfg: Config, mv, d: Decision, said: str) -> None:
 # ------------------------------------------------------------------ what the next round trains from
 def lineage_of(cfg: Config, name: str) -> str | None:
     """models:/<name>/<version> the `lineage` alias names, or None."""
-    try:
-        mv = registry.client(cfg).get_model_version_by_alias(name, LINEAGE)
-    except Exception:  # no registered model, or no alias yet
-        return None
-    return registry.describe(mv)
+    return _aliased(cfg, name, LINEAGE)
 
 
 def continue_lineage(cfg: Config, d: Decision, meta_eval: MetaEval | None, alpha: float) -> dict:
