@@ -124,7 +124,7 @@ def test_each_stage_keeps_the_load_it_ran_under_and_a_resumed_skip_does_not_over
 
 
 def test_the_busy_note_names_the_stages_that_shared_the_machine():
-    assert busy_note({"labels": 2.1, "judge-sft": 2.9}, 2) == ""  # one iteration alone: load near the CPUs
-    assert busy_note({"labels": 4.12, "judge-sft": 2.0, "meta-eval": 3.5}, 2) == \
-        "machine busy: load 4.1 on 2 CPUs during labels, meta-eval"
+    assert busy_note({"labels": 2.4, "preference-candidates": 3.33}, 2) == ""  # measured: one iteration alone
+    assert busy_note({"labels": 4.12, "judge-sft": 3.3, "meta-eval": 5.54}, 2) == \
+        "machine busy: load 5.5 on 2 CPUs during labels, meta-eval"
     assert busy_note({}, 2) == busy_note({"labels": 9.0}, None) == ""  # written before the load was kept
