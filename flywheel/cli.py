@@ -72,6 +72,7 @@ def run(config: ConfigOpt = Path("configs/local.yaml"), overrides: Overrides = N
                                                   "same config and inputs.")] = False) -> None:
     """Run whole flywheel iterations: data → judge training → meta-eval → gate → serve → policy training."""
     _setup_logging()
+    from flywheel import gate
     from flywheel.iteration import run_iteration
     from flywheel.raycluster import init_ray
     from flywheel.stage_clock import busy_note, time_line
@@ -86,7 +87,7 @@ def run(config: ConfigOpt = Path("configs/local.yaml"), overrides: Overrides = N
         for d in res.decisions:
             console.print(f"{d['model']:14s} {'PROMOTED' if d['promoted'] else 'kept champion'}: {d['reason']}")
             if nxt := d.get("next_start"):
-                console.print(f"{'':14s} next training from {nxt['start'] or 'the base model'}: {nxt['reason']}")
+                console.print(f"{'':14s} {gate.next_start_line(nxt)}")
         if line := time_line(res.seconds):
             console.print(line)
         if note := busy_note(res.load, res.cpus):

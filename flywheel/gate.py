@@ -309,14 +309,13 @@ def continue_lineage(cfg: Config, d: Decision, meta_eval: MetaEval | None, alpha
     The challenger continues the lineage unless it is significantly worse than the champion: McNemar's exact
     one-sided test on their gold pairs (champion better) with p < alpha, or a challenger whose metric is undefined.
     Without per-pair outcomes to test, the champion is kept: a broken challenger must not become the base."""
-    name, version = d.model, registry.get_version(cfg, d.challenger).version
     if d.promoted:
         start, reason = d.challenger, "the challenger was promoted: it is the champion"
     elif math.isnan(d.challenger_value):
         start, reason = d.champion, f"the challenger's {d.metric} is undefined: the champion"
     else:
         try:
-            if d.champion is None or not d.champion.startswith("models:/"):
+            if d.champion is None or not d.champion.startswith(registry.REGISTRY_PREFIX):
                 raise Untestable(f"the champion {d.champion} is not a registered judge with a meta-eval")
             champ = _outcomes(cfg, "champion", recorded_meta_eval(cfg, d.champion), d.metric, d.champion_value)
             b, c, p = mcnemar(champ, _outcomes(cfg, "challenger", meta_eval, d.metric, d.challenger_value))
@@ -329,14 +328,21 @@ def continue_lineage(cfg: Config, d: Decision, meta_eval: MetaEval | None, alpha
                       f"champion-only b={b} challenger-only c={c} p={p:.2g} "
                       + (f"≥ alpha {alpha}: within noise, the challenger" if within
                          else f"< alpha {alpha}: significantly worse, the champion"))
-    client = registry.client(cfg)
-    if start is not None and start.startswith("models:/"):
-        client.set_registered_model_alias(name, LINEAGE, registry.get_version(cfg, start).version)
+    client, name = registry.client(cfg), d.model
+    if start is not None and start.startswith(registry.REGISTRY_PREFIX):  # a Decision names versions, not aliases
+        client.set_registered_model_alias(name, LINEAGE, registry.parse_uri(start)[1])
     else:  # the champion is the configured base model: no alias, so the next round starts from it
         try:
             client.delete_registered_model_alias(name, LINEAGE)
         except Exception:  # there was none
             pass
-    client.set_model_version_tag(name, version, "flywheel.gate.lineage", f"next training from {start}: {reason}"[:4900])
-    log.info("gate %s lineage: the next iteration trains from %s (%s)", name, start, reason)
-    return {"start": start, "reason": reason}
+    nxt = {"start": start, "reason": reason}
+    client.set_model_version_tag(name, registry.parse_uri(d.challenger)[1], "flywheel.gate.lineage",
+                                 next_start_line(nxt)[:4900])
+    log.info("gate %s lineage: %s", name, next_start_line(nxt))
+    return nxt
+
+
+def next_start_line(nxt: dict) -> str:
+    """continue_lineage's answer in words, as the version's tag, the log, `flywheel run` and the description say it."""
+    return f"next training from {nxt['start'] or 'the base model'}: {nxt['reason']}"

@@ -141,14 +141,14 @@ def run_iteration(cfg: Config, n: int, tracker: Tracker | None = None) -> Iterat
             has_baseline = "baseline" in res.meta_eval
             # where each judge's meta-eval is, so the gate can compare them gold pair by gold pair (McNemar)
             base_eval = gate.MetaEval(p["meta-eval-baseline"], p["gold"]) if has_baseline else None
+            judged = gate.MetaEval(p["meta-eval"], p["gold"])
             d = gate.decide(cfg, judge_new, value, cfg.gate.judge_metric, cfg.gate.judge_margin,
                             baseline=(judge0, base) if has_baseline else None,
                             alpha=cfg.gate.judge_alpha if cfg.gate.judge_test == "mcnemar" else None,
-                            meta_eval=gate.MetaEval(p["meta-eval"], p["gold"]), baseline_meta_eval=base_eval)
+                            meta_eval=judged, baseline_meta_eval=base_eval)
             decision = d.to_dict()
             if cfg.gate.judge_lineage == "within_noise":
-                decision["next_start"] = gate.continue_lineage(cfg, d, gate.MetaEval(p["meta-eval"], p["gold"]),
-                                                               cfg.gate.judge_alpha)
+                decision["next_start"] = gate.continue_lineage(cfg, d, judged, cfg.gate.judge_alpha)
             res.decisions.append(decision)
             mlflow.log_dict(decision, "gate/judge.json")
 

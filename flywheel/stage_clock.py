@@ -81,7 +81,7 @@ class StageClock:
         with self._lock:
             first = name not in self.done
             before, lost = self.done.get(name, 0.0), self.unfinished.pop(name, 0.0)
-            if name in self.done:
+            if not first:
                 log.info("stage %s: finished by an earlier run in %.1f s (%.1f s now)", name, before, seconds)
             elif lost:
                 log.info("stage %s: %.1f s now, after %.1f s in earlier runs that did not finish it", name,
