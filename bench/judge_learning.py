@@ -6,7 +6,10 @@ images at all?).
 
     .venv/bin/python bench/judge_learning.py --workdir runs/local [--iterations 000] [--tasks all|ig,iu]
         [--steps 1258] [--batch-size 16] [--lr 5e-4] [--base zoo|world]
-        [--set world.base_policies.judge.pretrain.steps=1500 ...]
+        [--set world.base_policies.judge.pretrain.steps=1500 ...] [--gold-prompts 16]
+
+--gold-prompts N meta-evaluates on a larger gold set than the run's (N prompts per sub-task and split from the run's
+iteration-0 prompts, built once under runs/bench-gold-<N>): the run's ~23 pairs per sub-task move by +-0.2.
 
 Measured 2026-11-22 on the 3-iteration proof's data (issue 7's note): iteration 0's rows, 1,258 steps x 16 ->
 id-test ranking 0.163 from the zoo judge, 0.213 after 1,500 pretraining steps; image generation stays at 0.
@@ -41,6 +44,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=None, help="Training seed (data order); default run.seed. Two "
                     "seeds of the same setting show how much one training varies.")
     ap.add_argument("--set", nargs="*", default=[], help="Config overrides, e.g. of world.base_policies.judge.")
+    ap.add_argument("--gold-prompts", type=int, default=None, help="Meta-evaluate on a gold set of this many prompts "
+                    "per sub-task and split (built once from the run's iteration-0 prompts) instead of the run's.")
     ap.add_argument("--out", default="runs/bench-judge-learning")
     ap.add_argument("--stage", choices=["all", "train", "eval"], default="all",
                     help="train: stop after saving <out>/model (no Ray); eval: meta-evaluate an existing <out>/model.")
@@ -96,8 +101,21 @@ def evaluate(args, work: Path, out: Path) -> None:
     ecfg = load_config(args.config, [f"run.workdir={work}", f"models.judge.path={out / 'model'}",
                                      f"storage.uri={out / 'data'}"])
     init_ray(ecfg)
-    results = meta.run(ecfg, str(work / "data" / "gold"), str(out / "data" / "meta"))
-    summary = {split: {k: round(m.get(k, float("nan")), 3) for k in KEYS} for split, m in results.items()}
+    gold_uri = str(work / "data" / "gold")
+    if args.gold_prompts:
+        from flywheel.stages import gold
+
+        gold_uri = str(Path(f"runs/bench-gold-{args.gold_prompts}").resolve())
+        gcfg = ecfg.model_copy(deep=True)
+        gcfg.world.gold.prompts_per_subtask = args.gold_prompts
+        gold.run(gcfg, str(work / "data" / "iterations" / "000" / "prompts"), gold_uri)  # skipped when built
+    results = meta.run(ecfg, gold_uri, str(out / "data" / "meta"))
+    from flywheel.evaluate.metric_names import SUBTASK, per_subtask
+
+    summary = {split: {k: round(m.get(k, float("nan")), 3) for k in KEYS}
+               | {f"{SUBTASK}{s}/pointwise_ranking/accuracy": round(v, 3)
+                  for s, v in sorted(per_subtask(m, "pointwise_ranking/accuracy").items())}
+               for split, m in results.items()}
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     for split, m in summary.items():
         print(f"\n{split}")
