@@ -787,6 +787,8 @@ class Config(_Strict):
             for key in dotted.split("."):
                 node = node[key]
             picked[dotted] = node
+        if stage in RENDERS_JUDGE_REQUESTS:
+            picked["judge_request_format"] = JUDGE_REQUEST_FORMAT
         return hashlib.sha256(json.dumps([stage, picked], sort_keys=True).encode()).hexdigest()[:16]
 
     def to_yaml(self) -> str:
@@ -808,6 +810,11 @@ STAGE_SECTIONS: dict[str, tuple[str, ...]] = {
     "candidates": ("run.seed", "models.policy", "models.generator", "models.zoo", "policy", "generator",
                    "candidates", "world.base_policies"),
 }
+# Bump when the judge protocols render their requests differently (flywheel/judge/): the stages whose output holds
+# requests the judge reads (its SFT rows) or its answers to them are then redone, as after a config change.
+# 2: pairwise requests show the prompt's reference.
+JUDGE_REQUEST_FORMAT = 2
+RENDERS_JUDGE_REQUESTS = ("curate", "judgments-judge", "meta-eval-judge")
 # Meta-eval judges like the judgments stage of its role, asked only the protocols meta_eval.protocols names.
 STAGE_SECTIONS |= {f"meta-eval-{role}": STAGE_SECTIONS[f"judgments-{role}"] + ("meta_eval.protocols",)
                    for role in ("teacher", "judge")}

@@ -134,6 +134,16 @@ def test_hash_changes_with_content_only():
     assert load_config(None, ["train.lr=0.5"]).hash() != a.hash()
 
 
+def test_a_new_judge_request_format_redoes_only_the_stages_that_render_requests(monkeypatch):
+    import flywheel.config as config
+
+    cfg = Config()
+    before = {s: cfg.stage_hash(s) for s in config.STAGE_SECTIONS}
+    monkeypatch.setattr(config, "JUDGE_REQUEST_FORMAT", config.JUDGE_REQUEST_FORMAT + 1)
+    changed = {s for s in config.STAGE_SECTIONS if cfg.stage_hash(s) != before[s]}
+    assert changed == {"curate", "judgments-judge", "meta-eval-judge"}
+
+
 def test_every_field_has_a_description():
     def walk(model):
         for name, field in model.model_fields.items():

@@ -26,6 +26,7 @@ IMAGE = "\ue000"
 
 # Labels of the shared query / response blocks (pairwise, aspects, rubric grading).
 INPUT_IMAGE_LABEL = ("Input image: ", "Input images: ")  # singular, plural
+REFERENCE_IMAGE_LABEL = ("Reference image: ", "Reference images: ")
 TEXT_LABEL = "Text: "
 IMAGE_LABEL = ("Image: ", "Images: ")
 NO_TEXT = "(no text)"
@@ -229,6 +230,15 @@ def query_block(prompt: dict) -> tuple[str, list]:
     lines = [text] if text else []
     if images:
         lines.append(image_line(INPUT_IMAGE_LABEL, len(images)))
+    return "\n".join(lines), images
+
+
+def reference_block(prompt: dict) -> tuple[str, list]:
+    """The prompt's reference answer text, then its reference images on a line of their own ("" when none)."""
+    text, images = slot_text(prompt.get("reference_text") or "", "reference_text"), images_of(prompt, "reference_images")
+    lines = [text] if text else []
+    if images:
+        lines.append(image_line(REFERENCE_IMAGE_LABEL, len(images)))
     return "\n".join(lines), images
 
 

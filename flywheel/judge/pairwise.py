@@ -3,8 +3,10 @@
 
 Every pair is judged in both orders (AB and BA, Multimodal RewardBench's position swap); a BA verdict is mapped
 back to the AB frame, and a pair whose two verdicts disagree there is position-inconsistent (FRABench's
-swap-consistency). A universal aspect (one with an output modality in the aspect tree) is judged WITHOUT the
-query and its input images, as UFEval found the query makes judges conflate correctness with quality.
+swap-consistency). A task aspect is judged with the query and the prompt's reference when it has one (MT-Bench's
+reference-guided judge; the pointwise request shows it too); a universal aspect (one with an output modality in
+the aspect tree) WITHOUT the query, its input images and its reference, as UFEval found the query makes judges
+conflate correctness with quality.
 
 Frame convention for judgment rows: candidate_ids = [A, B] in the AB frame, `order` = the order shown to the
 judge, `verdict` = the verdict mapped to the AB frame (parsed keeps the verdict as emitted).
@@ -37,12 +39,14 @@ TEMPLATE = """{intro}{note}
 {b}
 ###Your Evaluation###"""
 QUERY_SECTION = "###Query###\n{query}\n"
+REFERENCE_SECTION = "###Reference Answer###\n{reference}\n"
 # Used when no aspect is given: the whole output, judged with the query.
 OVERALL_NAME = "overall"
 OVERALL_DEFINITION = "The overall quality of the response and how well it fulfils the query."
 # The compact style (see pointwise.COMPACT_TEMPLATE): the same sections without the instructions.
 COMPACT_TEMPLATE = "Compare A and B on {aspect}. Verdict A, B or tie.\n{query}A: {a}\nB: {b}"
 COMPACT_QUERY = "Query: {query}\n"
+COMPACT_REFERENCE = "Reference: {reference}\n"
 OUTPUT = "Analysis: {analysis}\nVerdict: {verdict}"
 ANALYSIS, VERDICT = "Analysis", "Verdict"
 
@@ -67,10 +71,13 @@ def is_universal(aspect: Any) -> bool:
     return aspect is not None and getattr(aspect, "modality", None) is not None
 
 
-def build(prompt: dict, cand_a: dict, cand_b: dict, aspect: Any = None, *, style: str = "minos") -> TextRequest:
+def build(prompt: dict, cand_a: dict, cand_b: dict, aspect: Any = None, *, style: str = "minos",
+          use_reference: bool = True) -> TextRequest:
     """One request showing cand_a as Response A and cand_b as Response B, in the full or the compact template
     (base.STYLES). aspect: a flywheel.aspects.Aspect (anything with name, definition and modality), or None for
-    overall quality with the query. Images: input images (unless universal), then A's, then B's."""
+    overall quality with the query. With the query comes the prompt's reference (use_reference), as in the
+    pointwise request: MT-Bench's reference-guided judge, for questions the judge cannot answer itself. Images:
+    input images and reference images (unless universal), then A's, then B's."""
     compact = base.check_style(style) == "compact"
     name = OVERALL_NAME if aspect is None else aspect.name
     definition = OVERALL_DEFINITION if aspect is None else aspect.definition
@@ -80,6 +87,10 @@ def build(prompt: dict, cand_a: dict, cand_b: dict, aspect: Any = None, *, style
     if not universal:
         qtext, qimages = base.query_block(prompt)
         query, images = (COMPACT_QUERY if compact else QUERY_SECTION).format(query=qtext), images + qimages
+        rtext, rimages = base.reference_block(prompt) if use_reference else ("", [])
+        if rtext:
+            query += (COMPACT_REFERENCE if compact else REFERENCE_SECTION).format(reference=rtext)
+            images += rimages
     a_text, a_images = base.response_block(cand_a)
     b_text, b_images = base.response_block(cand_b)
     if compact:
@@ -91,10 +102,10 @@ def build(prompt: dict, cand_a: dict, cand_b: dict, aspect: Any = None, *, style
 
 
 def build_both(prompt: dict, cand_a: dict, cand_b: dict, aspect: Any = None, *,
-               style: str = "minos") -> dict[str, TextRequest]:
+               style: str = "minos", use_reference: bool = True) -> dict[str, TextRequest]:
     """{"AB": A shown first, "BA": B shown first}: the position swap every pair is judged with."""
-    return {"AB": build(prompt, cand_a, cand_b, aspect, style=style),
-            "BA": build(prompt, cand_b, cand_a, aspect, style=style)}
+    return {"AB": build(prompt, cand_a, cand_b, aspect, style=style, use_reference=use_reference),
+            "BA": build(prompt, cand_b, cand_a, aspect, style=style, use_reference=use_reference)}
 
 
 # ---------------------------------------------------------------- verdict frames

@@ -108,7 +108,8 @@ def plan_pairwise(body: PairwiseBody, limits: ServeLimitsConfig, tree: AspectTre
         b = candidate_record(it.candidate_b, f"{where}.candidate_b", limits)
         for order in it.orders:
             first, second = (a, b) if order == "AB" else (b, a)
-            requests.append(_build(where, pw.build, prompt, first, second, aspect, style=style))
+            requests.append(_build(where, pw.build, prompt, first, second, aspect, style=style,
+                                   use_reference=it.use_reference))
             slots.append((i, order))
 
     def assemble(results: list[TextResult]) -> list[dict]:

@@ -77,6 +77,8 @@ class PairwiseItem(_In):
     candidate_a: CandidateIn
     candidate_b: CandidateIn
     aspect: str | None = Field(None, description="An aspect name of the tree; null judges overall quality.")
+    use_reference: bool = Field(True, description="Show the prompt's reference to the judge (a universal aspect "
+                                "is judged without the query and its reference either way).")
     orders: list[Literal["AB", "BA"]] = Field(["AB", "BA"], min_length=1, max_length=2,
                                               description="Orders shown to the judge (both: position swap).")
 

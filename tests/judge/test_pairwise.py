@@ -41,6 +41,22 @@ def test_task_aspect_shows_query_and_input_images(imgs, tree):
     assert "###Aspect###\ncount_accuracy: " in text and "The query is not shown" not in text
 
 
+def test_the_reference_guides_a_task_aspect_after_the_query(imgs, tree):
+    """Reference-guided pairwise judging (MT-Bench's judge for questions it cannot answer itself), as pointwise
+    shows the reference: text, then its images, between the query and the responses; images in that order."""
+    p = prompt("ig", "ig_single_object", "Draw a red circle.", ref_text="A red circle.", ref_images=[imgs[4]])
+    a, b = candidate(None, [imgs[1]]), candidate(None, [imgs[2]])
+    req = pw.build(p, a, b, tree.aspects["color_accuracy"])
+    assert req.images == [imgs[4], imgs[1], imgs[2]]
+    assert ("###Query###\nDraw a red circle.\n###Reference Answer###\nA red circle.\nReference image: <image>\n"
+            "###Response A###\n") in checked(req)
+    compact = pw.build(p, a, b, style="compact")
+    assert compact.images == [imgs[4], imgs[1], imgs[2]]
+    assert "Query: Draw a red circle.\nReference: A red circle.\nReference image: <image>\nA: Image: " in checked(compact)
+    for off in (pw.build(p, a, b, style="compact", use_reference=False), pw.build(p, a, b, tree.aspects["sharpness"])):
+        assert "Reference" not in checked(off) and off.images == [imgs[1], imgs[2]]  # not asked / universal aspect
+
+
 def test_universal_aspect_is_judged_without_the_query(imgs, tree):
     p = prompt("iu", "iu_count", QUERY, images=[imgs[0]])
     aspect = tree.aspects["fluency"]

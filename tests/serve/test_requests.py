@@ -119,6 +119,12 @@ def test_pairwise_plan_judges_both_orders_and_flags_position_inconsistency(tree)
     assert out[2]["verdict"] == "B" and out[2]["position_consistent"] is None  # BA only, mapped to the AB frame
     bad = PairwiseBody.model_validate({"items": [{**item, "aspect": "no_such_aspect"}]})
     assert status_of(plan_pairwise, bad, LIMITS, tree)[0] == 422
+    with_ref = {**item, "prompt": {**item["prompt"], "reference_text": "Red."}}
+    shown = plan_pairwise(PairwiseBody.model_validate({"items": [with_ref]}), LIMITS, tree).requests[0]
+    hidden = plan_pairwise(PairwiseBody.model_validate({"items": [{**with_ref, "use_reference": False}]}),
+                           LIMITS, tree).requests[0]
+    assert "###Reference Answer###\nRed.\n" in shown.messages[0]["content"][-1]["text"]
+    assert "Reference" not in hidden.messages[0]["content"][-1]["text"]
 
 
 def test_aspects_plan_selects_from_the_tree_and_merges_group_scores(tree):

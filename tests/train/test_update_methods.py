@@ -154,7 +154,9 @@ def test_heldout_state_resumes_exactly_in_the_diffusion_loop(zoo, cfg, image_pai
 
 def test_reference_previous_is_the_start_original_is_the_adapters_base(zoo, cfg, text_pairs, tmp_path):
     """A continued adapter (the previous round's policy): with reference=previous the first DPO loss is exactly
-    log 2 (policy == reference), with reference=original the reference is the base without that adapter."""
+    log 2 and the implicit rewards 0 (policy == reference), with reference=original the reference is the base
+    without that adapter: the rewards beta * (log pi - log ref) of the chosen answers are not 0. (The loss alone
+    does not show it: a random adapter shifts chosen and rejected alike, and the loss moved by 2e-4 in one run.)"""
     from peft import LoraConfig, PeftModel, get_peft_model
 
     from flywheel.train import dpo, hf
@@ -176,6 +178,7 @@ def test_reference_previous_is_the_start_original_is_the_adapters_base(zoo, cfg,
             dpo.use_original_reference(trainer)
         hf.attach(trainer)
         trainer.train()
-        losses[reference] = trainer.state.log_history[0]["loss"]
-    assert losses["previous"] == pytest.approx(math.log(2), abs=1e-4)
-    assert abs(losses["original"] - math.log(2)) > 1e-3
+        losses[reference] = trainer.state.log_history[0]
+    assert losses["previous"]["loss"] == pytest.approx(math.log(2), abs=1e-4)
+    assert losses["previous"]["rewards/chosen"] == pytest.approx(0.0, abs=1e-6)
+    assert abs(losses["original"]["rewards/chosen"]) > 1e-3
