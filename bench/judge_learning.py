@@ -96,22 +96,20 @@ def train_judge(cfg, rows: list[dict], args, out: Path) -> None:
 def evaluate(args, work: Path, out: Path) -> None:
     from flywheel.config import load_config
     from flywheel.evaluate import meta
+    from flywheel.evaluate.metric_names import SUBTASK, per_subtask
     from flywheel.raycluster import init_ray
+    from flywheel.stages import gold
 
     ecfg = load_config(args.config, [f"run.workdir={work}", f"models.judge.path={out / 'model'}",
                                      f"storage.uri={out / 'data'}"])
     init_ray(ecfg)
     gold_uri = str(work / "data" / "gold")
     if args.gold_prompts:
-        from flywheel.stages import gold
-
         gold_uri = str(Path(f"runs/bench-gold-{args.gold_prompts}").resolve())
         gcfg = ecfg.model_copy(deep=True)
         gcfg.world.gold.prompts_per_subtask = args.gold_prompts
         gold.run(gcfg, str(work / "data" / "iterations" / "000" / "prompts"), gold_uri)  # skipped when built
     results = meta.run(ecfg, gold_uri, str(out / "data" / "meta"))
-    from flywheel.evaluate.metric_names import SUBTASK, per_subtask
-
     summary = {split: {k: round(m.get(k, float("nan")), 3) for k in KEYS}
                | {f"{SUBTASK}{s}/pointwise_ranking/accuracy": round(v, 3)
                   for s, v in sorted(per_subtask(m, "pointwise_ranking/accuracy").items())}

@@ -235,7 +235,8 @@ def query_block(prompt: dict) -> tuple[str, list]:
 
 def reference_block(prompt: dict) -> tuple[str, list]:
     """The prompt's reference answer text, then its reference images on a line of their own ("" when none)."""
-    text, images = slot_text(prompt.get("reference_text") or "", "reference_text"), images_of(prompt, "reference_images")
+    text = slot_text(prompt.get("reference_text") or "", "reference_text")
+    images = images_of(prompt, "reference_images")
     lines = [text] if text else []
     if images:
         lines.append(image_line(REFERENCE_IMAGE_LABEL, len(images)))

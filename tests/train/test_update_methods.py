@@ -167,7 +167,7 @@ def test_reference_previous_is_the_start_original_is_the_adapters_base(zoo, cfg,
                                                 init_lora_weights=False))  # a non-zero adapter, as after a round
     previous.save_pretrained(str(tmp_path / "previous"))
     dataset = to_hf_dataset(dpo_rows(read_training_data(text_pairs["policy"], "dpo").rows))
-    losses = {}
+    logs = {}
     for reference in ("previous", "original"):
         c = _cfg(cfg, f"train.policy_dpo.reference={reference}", "train.policy_dpo.max_steps=1")
         base, processor = hf.load_vlm(str(zoo["policy"]))
@@ -178,7 +178,7 @@ def test_reference_previous_is_the_start_original_is_the_adapters_base(zoo, cfg,
             dpo.use_original_reference(trainer)
         hf.attach(trainer)
         trainer.train()
-        losses[reference] = trainer.state.log_history[0]
-    assert losses["previous"]["loss"] == pytest.approx(math.log(2), abs=1e-4)
-    assert losses["previous"]["rewards/chosen"] == pytest.approx(0.0, abs=1e-6)
-    assert abs(losses["original"]["rewards/chosen"]) > 1e-3
+        logs[reference] = trainer.state.log_history[0]  # the first step's logged loss and rewards
+    assert logs["previous"]["loss"] == pytest.approx(math.log(2), abs=1e-4)
+    assert logs["previous"]["rewards/chosen"] == pytest.approx(0.0, abs=1e-6)
+    assert abs(logs["original"]["rewards/chosen"]) > 1e-3
