@@ -1,0 +1,51 @@
+"""The look-up probe's rows: its numbers say whether the tiny language model can answer from its context, so a
+row whose answer disagrees with its own description would make a learnable task look unlearnable."""
+
+import importlib.util
+import random
+import re
+
+import pytest
+
+from flywheel.config import REPO_ROOT
+
+spec = importlib.util.spec_from_file_location("lookup_probe", REPO_ROOT / "bench" / "lookup_probe.py")
+bench = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(bench)
+
+
+def _objects(desc: str) -> set[tuple[str, str]]:
+    return set(re.findall(r"a (\w+) (\w+)", desc.lower()))
+
+
+def test_every_answer_is_what_its_description_says():
+    rng = random.Random(3)
+    answers = {"Yes": 0, "No": 0}
+    for _ in range(300):
+        context, answer = bench.example(rng, "colour")
+        desc, shape = context.split(". The ")[0], context.split(". The ")[1].removesuffix(" is")
+        assert (answer.strip(" ."), shape) in _objects(desc)
+        context, answer = bench.example(rng, "existence")
+        desc, asked = context.split(". Is there a ")
+        colour, shape = asked.removesuffix("?").split()
+        present = (colour, shape) in _objects(desc)
+        assert answer == (" Yes." if present else " No.")
+        answers[answer.strip(" .")] += 1
+    assert min(answers.values()) > 100  # both answers are common: "Yes" alone cannot score
+
+
+def test_multi_asks_every_object_once_and_unknown_kinds_are_refused():
+    desc, answer = bench.example(random.Random(0), "multi")
+    asked = re.findall(r"The (\w+) is (\w+)\.", answer)
+    assert sorted((c, s) for s, c in asked) == sorted(_objects(desc))
+    with pytest.raises(ValueError, match="kind 'colours'"):
+        bench.example(random.Random(0), "colours")
+
+
+def test_only_the_answer_is_trained_on():
+    tok = bench.PreTrainedTokenizerFast(tokenizer_object=bench.train_bpe(1024, ["<s>", "</s>", "<pad>"]),
+                                        pad_token="<pad>")
+    b = bench.batch(tok, [("A red circle. The circle is", " red."), ("A blue star and a red square.", " x")])
+    labelled = b["labels"][0][b["labels"][0] != -100].tolist()
+    assert tok.decode(labelled) == " red."
+    assert b["attention_mask"][1].sum() == len(tok("A blue star and a red square. x")["input_ids"])
