@@ -172,7 +172,12 @@ def report(config: ConfigOpt = Path("configs/local.yaml"), overrides: Overrides 
         t.add_row("teacher", "(noisy)", *(num(teacher.get(c)) for c in cols), end_section=True)
     console.print(t)
     if any(r.subtasks for r in rows):
-        console.print(_subtask_table(rows, num))
+        console.print(_subtask_table(rows, "the judge's ranking accuracy per sub-task (gold pairs ordered by its "
+                                     "ratings)", "subtasks", lambda r, k: num(r.subtasks.get(k)), num))
+    if any(r.subtask_pairwise for r in rows):
+        console.print(_subtask_table(rows, "the judge's pairwise accuracy per sub-task (right in both orders; in "
+                                     "brackets, the share of its verdicts that flip when the order is swapped)",
+                                     "subtask_pairwise", lambda r, k: _with_bias(r, k, num), num))
     for r in rows:
         if r.busy:
             console.print(f"* iteration {r.iteration}: {r.busy}")
@@ -184,19 +189,25 @@ def report(config: ConfigOpt = Path("configs/local.yaml"), overrides: Overrides 
     console.print("Each iteration's whole summary: its MLflow run's description and summary/summary.json.")
 
 
-def _subtask_table(rows, num):
-    """The judge's ranking accuracy per sub-task (rows) and iteration (columns), the teacher's last."""
+def _with_bias(row, key: str, num) -> str:
+    bias = row.subtask_position_bias.get(key)
+    return num(row.subtask_pairwise.get(key)) + ("" if bias is None or bias != bias else f" ({bias:.2f})")
+
+
+def _subtask_table(rows, title: str, field: str, cell, num):
+    """The sub-tasks of each row's `field` (rows) by iteration (columns), the teacher's `teacher_<field>` last;
+    cell(row, key) -> the text of one cell."""
     from rich.table import Table
 
-    keys = sorted({k for r in rows for k in r.subtasks}, key=lambda k: (not k.startswith("id/"), k))
-    t = Table(title="the judge's ranking accuracy per sub-task (gold pairs ordered by its ratings)")
+    keys = sorted({k for r in rows for k in getattr(r, field)}, key=lambda k: (not k.startswith("id/"), k))
+    t = Table(title=title)
     t.add_column("sub-task")
     for r in rows:
         t.add_column(str(r.iteration), justify="right")
-    teacher = next((r.teacher_subtasks for r in reversed(rows) if r.teacher_subtasks), {})
+    teacher = next((getattr(r, f"teacher_{field}") for r in reversed(rows) if getattr(r, f"teacher_{field}")), {})
     t.add_column("teacher", justify="right")
     for k in keys:
-        t.add_row(k, *(num(r.subtasks.get(k)) for r in rows), num(teacher.get(k)))
+        t.add_row(k, *(cell(r, k) for r in rows), num(teacher.get(k)))
     return t
 
 

@@ -20,6 +20,9 @@ JUDGE_METRICS = (("ranking", "all/pointwise_ranking/accuracy"), ("pairwise", "al
                  ("pearson", "all/pointwise/pearson"))
 SPLITS = {"id": "id-test", "ood": "ood-test"}
 SUBTASK_METRIC = "pointwise_ranking/accuracy"  # shown per sub-task
+# and the pairwise protocol's, beside the share of its verdicts that flip when the order is swapped: where the
+# ranking is fine but the pairwise accuracy is not, the verdicts follow the position
+SUBTASK_PAIRWISE, SUBTASK_BIAS = "pairwise/accuracy", "pairwise/position_bias_rate"
 CONFIDENCE = 0.95  # of the accuracies' intervals over the gold pairs (Wilson score interval)
 # role in the summary's downstream -> the metric shown (gate.policy_metric / gate.generator_metric by default)
 DOWNSTREAM = {"policy": "accuracy", "generator": "score10"}
@@ -40,6 +43,10 @@ class IterationRow:
     # ranking accuracy per sub-task, "<split>/<sub-task>" (e.g. "id/iu_caption"): where the judge fails
     subtasks: dict[str, float] = field(default_factory=dict)
     teacher_subtasks: dict[str, float] = field(default_factory=dict)
+    # pairwise accuracy (right in both orders) and position-bias rate per sub-task, keyed like `subtasks`
+    subtask_pairwise: dict[str, float] = field(default_factory=dict)
+    subtask_position_bias: dict[str, float] = field(default_factory=dict)
+    teacher_subtask_pairwise: dict[str, float] = field(default_factory=dict)
     downstream: dict[str, dict[str, float]] = field(default_factory=dict)  # role -> {"before", "after"}
     # registered model -> "promoted", "kept" (the champion stayed) or "refused" (its own training refused it)
     outcome: dict[str, str] = field(default_factory=dict)
@@ -55,11 +62,11 @@ def _judge_metrics(meta: dict) -> dict[str, float]:
             for col, key in JUDGE_METRICS if key in meta[split]}
 
 
-def _subtask_ranking(meta: dict) -> dict[str, float]:
+def _per_subtask(meta: dict, measure: str = SUBTASK_METRIC) -> dict[str, float]:
     from flywheel.evaluate.metric_names import per_subtask
 
     return {f"{short}/{name}": float(v) for short, split in SPLITS.items()
-            for name, v in per_subtask(meta.get(split, {}), SUBTASK_METRIC).items()}
+            for name, v in per_subtask(meta.get(split, {}), measure).items()}
 
 
 def _intervals(meta: dict) -> dict[str, list[float]]:
@@ -90,8 +97,11 @@ def row_of(iteration: int, run_id: str, status: str, summary: dict | None,
     row.judge = _judge_metrics(meta.get("challenger", {}))
     row.judge_interval = _intervals(meta.get("challenger", {}))
     row.teacher = _judge_metrics(meta.get("teacher", {}))
-    row.subtasks = _subtask_ranking(meta.get("challenger", {}))
-    row.teacher_subtasks = _subtask_ranking(meta.get("teacher", {}))
+    row.subtasks = _per_subtask(meta.get("challenger", {}))
+    row.teacher_subtasks = _per_subtask(meta.get("teacher", {}))
+    row.subtask_pairwise = _per_subtask(meta.get("challenger", {}), SUBTASK_PAIRWISE)
+    row.subtask_position_bias = _per_subtask(meta.get("challenger", {}), SUBTASK_BIAS)
+    row.teacher_subtask_pairwise = _per_subtask(meta.get("teacher", {}), SUBTASK_PAIRWISE)
     names = {**DOWNSTREAM, **(metrics or {})}
     for role, d in summary.get("downstream", {}).items():
         name = names.get(role, "")

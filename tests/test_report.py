@@ -26,6 +26,7 @@ def _meta(ranking: float) -> dict:
                         "all/pairwise/accuracy": 0.3, "all/pairwise/n": 0, "all/pointwise/pearson": 0.5,
                         "subtask/iu_caption/pointwise_ranking/accuracy": ranking - 0.2,
                         "subtask/iu_caption/pointwise_ranking/n": 30, "subtask/iu_caption/pairwise/accuracy": 0.1,
+                        "subtask/iu_caption/pairwise/position_bias_rate": 0.85,
                         "subtask/iu_count/pointwise_ranking/accuracy": 1.0},
             "ood-test": {"all/pointwise_ranking/accuracy": ranking + 0.1,
                          "subtask/ig_relation/pointwise_ranking/accuracy": ranking - 0.1}}
@@ -72,6 +73,9 @@ def test_rows_come_from_each_iterations_latest_run(workdir):
     assert rows[1].subtasks == {"id/iu_caption": pytest.approx(0.53), "id/iu_count": 1.0,
                                 "ood/ig_relation": pytest.approx(0.63)}
     assert rows[1].teacher_subtasks["id/iu_caption"] == pytest.approx(0.75)
+    assert rows[1].subtask_pairwise == {"id/iu_caption": 0.1} and rows[1].teacher_subtask_pairwise == {
+        "id/iu_caption": 0.1}
+    assert rows[1].subtask_position_bias == {"id/iu_caption": 0.85}
     assert rows[1].downstream == {"policy": {"before": 0.43, "after": 0.48},
                                   "generator": {"before": 4.4, "after": 4.38}}
     assert rows[1].outcome == {"judge": "promoted", "policy-llava": "kept", "policy-sdxl": "refused"}
@@ -85,7 +89,8 @@ def test_cli_prints_a_table_and_json_lines(workdir):
     args = ["report", "-c", "configs/local.yaml", f"run.workdir={workdir}", "run.name=report-test"]
     out = CliRunner().invoke(app, args, terminal_width=250)
     assert out.exit_code == 0, out.output
-    lines = {line.split()[1]: line for line in out.output.splitlines() if line[:1] == "│" and len(line.split()) > 2}
+    ranking, pairwise = out.output.split("pairwise accuracy per sub-task")
+    lines = {line.split()[1]: line for line in ranking.splitlines() if line[:1] == "│" and len(line.split()) > 2}
     # 73 of 100 gold pairs: Wilson's 95% interval is [0.636, 0.807], shown by its larger side
     assert "0.730±0.09" in lines["1"] and "0.830" in lines["1"] and "0.430 → 0.480" in lines["1"]
     assert "Wilson interval" in out.output
@@ -100,6 +105,10 @@ def test_cli_prints_a_table_and_json_lines(workdir):
     assert cells("id/iu_caption") == ["0.430", "0.530", "—", "0.750"]
     assert cells("ood/ig_relation") == ["0.530", "0.630", "—", "0.850"]
     assert out.output.index("id/iu_count") < out.output.index("ood/ig_relation")
+    # then the pairwise protocol's, with the share of verdicts that flip under the swap
+    row = next(line for line in pairwise.splitlines() if "id/iu_caption" in line)
+    assert [c for c in row.split() if c != "│"][1:] == ["0.100", "(0.85)", "0.100", "(0.85)", "—", "0.100"]
+    assert "id/iu_count" not in pairwise  # no pairwise metrics for it
     lines = CliRunner().invoke(app, [*args, "--json"]).output.splitlines()
     assert [json.loads(x)["iteration"] for x in lines] == [0, 1, 2]
     # no interval without the pairs' count (the pairwise n is 0, the ood split gives none)
