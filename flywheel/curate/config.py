@@ -61,6 +61,10 @@ class PairwiseCurateConfig(_Strict):
     position_balance: bool = Field(True, description="Keep one row per item, choosing the shown order so that "
                                    "'A wins' and 'B wins' are equally frequent (a deterministic part of the majority "
                                    "side is swapped); false keeps both orders of every item.")
+    position_balance_within: Literal["dataset", "subtask_aspect"] = Field(
+        "subtask_aspect", description="Where the winners are balanced: 'dataset' over all pairwise rows at once "
+        "(FRABench); 'subtask_aspect' within each prompt sub-task and aspect, so a judge cannot learn that one "
+        "position wins on some kind of request (flywheel/curate/pairwise.py has the measurement).")
 
 
 class JudgePairsConfig(_Strict):

@@ -9,7 +9,15 @@ AB-frame verdicts agree; otherwise its rows are dropped with the reason "positio
 "missing_order" or "duplicate_order" (run the consistency filter first to reduce k samples per order to one).
 
 balance_positions: one row per item, presenting the orders so that the emitted winner is "A" as often as "B"
-(ties are left alone). Every item starts at its AB row (its only row if it has one); then
+(ties are left alone), within each group of items when a `group` function is given. The flywheel groups by
+sub-task and aspect: balanced only as a whole, one iteration's teacher rows had "B" winning 73 times to 35 on
+scene descriptions and 74 to 58 on captions, and the judge trained on such rows changed its verdict with the
+order on most of those gold pairs (captions 0.57-0.96, scene descriptions 0.78-1.00 over four iterations).
+Measured on iteration 0 of two seeded runs (the same teacher rows), balanced as a whole -> within sub-task and
+aspect: id-test gold pairs right in both orders 55 -> 66 of 202 (19 pairs gained, 8 lost: McNemar p=0.052),
+verdicts that flip with the order 0.64 -> 0.58 (captions 0.96 -> 0.70, single-object images 0.88 -> 0.71; scene
+descriptions stayed at 0.91), ranking accuracy 0.718 -> 0.738; ood-test 8 -> 9 of 44.
+In each group every item starts at its AB row (its only row if it has one); then
 floor((majority - minority) / 2) items of the majority side, drawn with the seed, are swapped, which leaves the
 two sides equal (or one apart when their difference is odd). A swapped item is presented by its other-order
 row when it has one that names the same winner: a real judge output for the exchanged presentation, whose
@@ -25,7 +33,7 @@ from __future__ import annotations
 import random
 import re
 from collections import Counter, defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Hashable, Iterable
 
 from flywheel.curate.config import PairwiseCurateConfig
 from flywheel.curate.consistency import item_key, value_of
@@ -120,9 +128,10 @@ def swap_row(row: dict) -> dict:
     return out
 
 
-def balance_positions(rows: Iterable[dict], *, seed: int = 0) -> tuple[list[dict], FilterReport]:
-    """One row per pairwise item with emitted winners "A" and "B" equally frequent (module docstring); rows of
-    other protocols pass through."""
+def balance_positions(rows: Iterable[dict], *, seed: int = 0,
+                      group: Callable[[dict], Hashable] | None = None) -> tuple[list[dict], FilterReport]:
+    """One row per pairwise item with emitted winners "A" and "B" equally frequent, within each group(row) when
+    given (module docstring); rows of other protocols pass through."""
     rows = list(rows)
     out_rows: list[dict | None] = [r if not is_pairwise(r) else None for r in rows]
     dropped, stats = Counter(), Counter(passed_through=sum(r is not None for r in out_rows))
@@ -136,20 +145,19 @@ def balance_positions(rows: Iterable[dict], *, seed: int = 0) -> tuple[list[dict
             dropped["no_value"] += 1
         else:
             pair_idx.append(i)
-    items = list(_items([rows[i] for i in pair_idx]).values())
+    items = [[pair_idx[j] for j in idx] for idx in _items([rows[i] for i in pair_idx]).values()]
     presented: list[int] = []  # per item: the row index presented by default
-    for idx in items:
-        members = [pair_idx[j] for j in idx]
+    for members in items:
         ab = [i for i in members if rows[i]["order"] == "AB"]
         presented.append(ab[0] if ab else members[0])
-    side = Counter(shown_verdict(rows[i]) for i in presented)
-    major, minor = ("A", "B") if side["A"] >= side["B"] else ("B", "A")
-    n_swap = (side[major] - side[minor]) // 2
-    pool = sorted((n for n, i in enumerate(presented) if shown_verdict(rows[i]) == major),
-                  key=lambda n: row_key(rows[presented[n]]))
-    to_swap = set(random.Random(f"{seed}|position_balance").sample(pool, n_swap))
-    for n, idx in enumerate(items):
-        members = [pair_idx[j] for j in idx]
+    groups: dict[Hashable, list[int]] = defaultdict(list)  # group -> its items (positions in `items`)
+    for n, i in enumerate(presented):
+        groups[None if group is None else group(rows[i])].append(n)
+    to_swap: set[int] = set()
+    for key, members in groups.items():
+        to_swap |= _items_to_swap(rows, presented, members, f"{seed}|position_balance" + ("" if key is None else
+                                                                                         f"|{key}"))
+    for n, members in enumerate(items):
         i, row = presented[n], rows[presented[n]]
         if n in to_swap:
             other = [m for m in members if rows[m]["order"] != row["order"] and rows[m]["verdict"] == row["verdict"]]
@@ -164,19 +172,28 @@ def balance_positions(rows: Iterable[dict], *, seed: int = 0) -> tuple[list[dict
         dropped["other_order"] += len(members) - 1
     out = [r for r in out_rows if r is not None]
     final = Counter(shown_verdict(r) for r in out if is_pairwise(r))
-    stats.update(items=len(items), a_wins=final["A"], b_wins=final["B"], ties=final["tie"])
+    stats.update(items=len(items), a_wins=final["A"], b_wins=final["B"], ties=final["tie"], groups=len(groups))
     return out, make_report("position_balance", len(rows), len(out), dropped, stats)
 
 
-def curate_pairwise(rows: Iterable[dict], cfg: PairwiseCurateConfig | None = None, *,
-                    seed: int = 0) -> tuple[list[dict], list[FilterReport]]:
-    """swap_consistency then balance_positions, each as configured."""
+def _items_to_swap(rows: list[dict], presented: list[int], members: list[int], seed: str) -> set[int]:
+    """Of one group's items (positions in `presented`), the seeded half of the difference on the majority side."""
+    side = Counter(shown_verdict(rows[presented[n]]) for n in members)
+    major, minor = ("A", "B") if side["A"] >= side["B"] else ("B", "A")
+    pool = sorted((n for n in members if shown_verdict(rows[presented[n]]) == major),
+                  key=lambda n: row_key(rows[presented[n]]))
+    return set(random.Random(seed).sample(pool, (side[major] - side[minor]) // 2))
+
+
+def curate_pairwise(rows: Iterable[dict], cfg: PairwiseCurateConfig | None = None, *, seed: int = 0,
+                    group: Callable[[dict], Hashable] | None = None) -> tuple[list[dict], list[FilterReport]]:
+    """swap_consistency then balance_positions (within `group`), each as configured."""
     cfg = cfg or PairwiseCurateConfig()
     rows, reports = list(rows), []
     if cfg.swap_consistency:
         rows, rep = swap_consistency(rows)
         reports.append(rep)
     if cfg.position_balance:
-        rows, rep = balance_positions(rows, seed=seed)
+        rows, rep = balance_positions(rows, seed=seed, group=group)
         reports.append(rep)
     return rows, reports

@@ -51,6 +51,7 @@ def curate_judge_data(judgments: Iterable[dict], prompts: Iterable[dict] | Mappi
     """style: the prompt style the judge is trained on (config judge.prompt_style)."""
     cfg = cfg or CurateConfig()
     judgments = list(judgments)
+    prompts = prompts if isinstance(prompts, Mapping) else list(prompts)
     ctx = {"requests": requests, "tree": tree, "guidelines": guidelines, "style": style}
     out = JudgeData()
     kept, rep = consistency_filter(judgments, gold, cfg.consistency)
@@ -61,7 +62,7 @@ def curate_judge_data(judgments: Iterable[dict], prompts: Iterable[dict] | Mappi
     out.pairs, out.dpo, rep = judge_pairs(judgments, kept, prompts, candidates, cfg.judge_pairs, **ctx)
     out.reports.append(rep)
     if cfg.pairwise.position_balance:
-        kept, rep = balance_positions(kept, seed=cfg.seed)
+        kept, rep = balance_positions(kept, seed=cfg.seed, group=_position_group(prompts, cfg))
         out.reports.append(rep)
     out.kept = kept
     sft, rep = judge_sft(kept, prompts, candidates, **ctx)
@@ -71,6 +72,14 @@ def curate_judge_data(judgments: Iterable[dict], prompts: Iterable[dict] | Mappi
     out.sft, rep = rebalance_subtasks(sft, cfg.subtask_rebalance, seed=cfg.seed)
     out.reports.append(rep)
     return out
+
+
+def _position_group(prompts: Iterable[dict] | Mapping[str, dict], cfg: CurateConfig):
+    """The group a pairwise row's winners are balanced within (curate.pairwise.position_balance_within)."""
+    if cfg.pairwise.position_balance_within == "dataset":
+        return None
+    by_id = prompts if isinstance(prompts, Mapping) else {p["prompt_id"]: p for p in prompts}
+    return lambda row: ((by_id.get(row["prompt_id"]) or {}).get("subtask"), row.get("aspect"))
 
 
 def curate_policy_data(candidates: Iterable[dict], judgments: Iterable[dict],

@@ -109,3 +109,20 @@ def test_curate_pairwise_by_config():
     assert Counter(shown_verdict(r) for r in out) == {"A": 2, "B": 2}
     out, reps = curate_pairwise(rows, PairwiseCurateConfig(position_balance=False))
     assert len(out) == 8 and len(reps) == 1
+
+
+def test_position_balance_within_groups_balances_each_group_apart():
+    # as a whole 4 A-wins and 4 B-wins: the dataset-wide balance swaps nothing, though "fluency" is all A and
+    # "correctness" all B - a judge trained on that learns which position wins on which aspect
+    rows = [r for i in range(4) for r in item(i, "A", "B", aspect="fluency")]
+    rows += [r for i in range(4, 8) for r in item(i, "B", "A", aspect="correctness")]
+    whole, rep = balance_positions(rows, seed=0)
+    assert rep.stats.get("swapped_by_other_order", 0) == 0
+    grouped, rep = balance_positions(rows, seed=0, group=lambda r: r["aspect"])
+    for aspect in ("fluency", "correctness"):
+        assert Counter(shown_verdict(r) for r in grouped if r["aspect"] == aspect) == {"A": 2, "B": 2}
+    assert rep.stats["swapped_by_other_order"] == 4 and rep.stats["groups"] == 2 and len(grouped) == 8
+    # each swap presents the item's real other-order row: the same winner in the AB frame
+    winners = {tuple(r["candidate_ids"]): r["verdict"] for r in whole}
+    assert {tuple(r["candidate_ids"]): r["verdict"] for r in grouped} == winners
+    assert curate_pairwise(rows, group=lambda r: r["aspect"])[0] == grouped

@@ -7,6 +7,7 @@ from pydantic import BaseModel, ValidationError
 
 from flywheel.curate import CurateConfig, curate_judge_data, curate_policy_data, metrics
 from flywheel.curate.config import ScoreBalanceConfig
+from flywheel.judge import pairwise as pw
 from flywheel.records import validate
 
 
@@ -51,6 +52,29 @@ def test_judge_data_end_to_end():
     m = metrics(out.reports)
     assert m["curate.consistency.rows_in"] == len(rows) and m["curate.swap_consistency.dropped.position_inconsistent"]
     assert all(isinstance(v, float) for v in m.values())
+
+
+def test_judge_data_balances_pairwise_winners_within_each_sub_task():
+    rows, cands = [], []
+    for subtask, winner in (("iu_count", "A"), ("iu_caption", "B")):  # A always wins on one, B on the other
+        p = prompt(f"Question for {subtask}?", subtask=subtask, images=[png(0)])
+        for i in range(4):
+            a, b = candidate(p, f"first {i}", index=2 * i), candidate(p, f"second {i}", index=2 * i + 1)
+            cands += [a, b]
+            rows += [pairwise(p, a, b, "AB", winner), pairwise(p, a, b, "BA", "B" if winner == "A" else "A")]
+    prompts = {r["prompt_id"]: r for r in (prompt(f"Question for {s}?", subtask=s, images=[png(0)])
+                                           for s in ("iu_count", "iu_caption"))}
+    cfg = CurateConfig(score_balance=ScoreBalanceConfig(method="none"))
+
+    def by_subtask(out) -> dict:  # the winner as shown, per sub-task
+        return {s: Counter(pw.to_ab(r["verdict"], r["order"]) for r in out.kept
+                           if prompts[r["prompt_id"]]["subtask"] == s) for s in ("iu_count", "iu_caption")}
+
+    assert by_subtask(curate_judge_data(rows, prompts, cands, cfg)) == {"iu_count": {"A": 2, "B": 2},
+                                                                       "iu_caption": {"A": 2, "B": 2}}
+    cfg.pairwise.position_balance_within = "dataset"  # FRABench's: balanced only as a whole
+    assert by_subtask(curate_judge_data(rows, list(prompts.values()), cands, cfg)) == {"iu_count": {"A": 4},
+                                                                                      "iu_caption": {"B": 4}}
 
 
 def test_policy_data_end_to_end():
