@@ -13,10 +13,11 @@ balance_positions: one row per item, presenting the orders so that the emitted w
 sub-task and aspect: balanced only as a whole, one iteration's teacher rows had "B" winning 73 times to 35 on
 scene descriptions and 74 to 58 on captions, and the judge trained on such rows changed its verdict with the
 order on most of those gold pairs (captions 0.57-0.96, scene descriptions 0.78-1.00 over four iterations).
-Measured on iteration 0 of two seeded runs (the same teacher rows), balanced as a whole -> within sub-task and
-aspect: id-test gold pairs right in both orders 55 -> 66 of 202 (19 pairs gained, 8 lost: McNemar p=0.052),
-verdicts that flip with the order 0.64 -> 0.58 (captions 0.96 -> 0.70, single-object images 0.88 -> 0.71; scene
-descriptions stayed at 0.91), ranking accuracy 0.718 -> 0.738; ood-test 8 -> 9 of 44.
+Measured in two seeded 4-iteration runs that differ only in this (the same teacher rows), balanced as a whole ->
+within sub-task and aspect, id-test gold pairs right in both orders (of 202): 55 -> 66, 70 -> 56, 80 -> 80,
+90 -> 87; verdicts that flip with the order 0.64 -> 0.58, 0.52 -> 0.56, 0.55 -> 0.55, 0.51 -> 0.51. No gain
+that outlasts one iteration: the swings both ways (McNemar p=0.05 and 0.02 in iterations 0 and 1) are as large
+as two trainings of the judge differ. Kept because it removes a shortcut a judge can learn, at no cost.
 In each group every item starts at its AB row (its only row if it has one); then
 floor((majority - minority) / 2) items of the majority side, drawn with the seed, are swapped, which leaves the
 two sides equal (or one apart when their difference is odd). A swapped item is presented by its other-order
