@@ -21,8 +21,8 @@ Measured 2026-11-25 (2 layers x 128, the zoo's size, batch 32, lr 1e-3, 200 held
 - colour and existence mixed (that first version): colour 0.49 / 0.47 / 0.46 / 0.51 at steps 500 / 1,000 /
   2,000 / 4,000 (never looked up); existence 0.62 -> 0.86 by step 1,500, then flat. Batch 128 (3,000 steps):
   the same, colour 0.51. Colour alone at lr 3e-3 (200 warm-up steps): 0.42-0.47 through 2,250 steps; every
-  object asked in one row ("The square is blue. The circle is red."): 0.48-0.53 through 1,500 steps; 4 layers x
-  256, mixed: colour 0.43-0.50 through 2,000 steps.
+  object asked in one row ("The square is blue. The circle is red."): 0.48-0.53 through 1,500 steps; 2 layers x
+  256, colour alone: 0.42-0.48 through 4,000 steps; 4 layers x 256, mixed: colour 0.43-0.50 through 2,000 steps.
 The base LLaVA's SFT gives colour questions ~300 of its 1,500 steps (faults.caption_share 0.4): over an order of
 magnitude fewer than the text-only model needs to look a colour up, and then only 0.7 of the time. With vision,
 more question steps did not do it either: world:policy built with policy.steps 8,000 and faults.caption_share
