@@ -155,9 +155,9 @@ def balance_positions(rows: Iterable[dict], *, seed: int = 0,
     for n, i in enumerate(presented):
         groups[None if group is None else group(rows[i])].append(n)
     to_swap: set[int] = set()
-    for key, members in groups.items():
-        to_swap |= _items_to_swap(rows, presented, members, f"{seed}|position_balance" + ("" if key is None else
-                                                                                         f"|{key}"))
+    for key, members in groups.items():  # ungrouped: the seed stream balance_positions always drew from
+        stream = f"{seed}|position_balance" if key is None else f"{seed}|position_balance|{key}"
+        to_swap |= _items_to_swap(rows, presented, members, stream)
     for n, members in enumerate(items):
         i, row = presented[n], rows[presented[n]]
         if n in to_swap:

@@ -20,6 +20,7 @@ from typing import Any
 from flywheel.curate.balance import balance_scores, rebalance_subtasks
 from flywheel.curate.config import CurateConfig
 from flywheel.curate.consistency import consistency_filter
+from flywheel.curate.judge_io import by_id
 from flywheel.curate.pairs import judge_pairs, policy_pairs, policy_training_rows
 from flywheel.curate.pairwise import balance_positions, swap_consistency
 from flywheel.curate.report import FilterReport
@@ -51,7 +52,7 @@ def curate_judge_data(judgments: Iterable[dict], prompts: Iterable[dict] | Mappi
     """style: the prompt style the judge is trained on (config judge.prompt_style)."""
     cfg = cfg or CurateConfig()
     judgments = list(judgments)
-    prompts = prompts if isinstance(prompts, Mapping) else list(prompts)
+    prompts = by_id(prompts, "prompt_id")  # once: the pairs, the position groups and the SFT rows all look up
     ctx = {"requests": requests, "tree": tree, "guidelines": guidelines, "style": style}
     out = JudgeData()
     kept, rep = consistency_filter(judgments, gold, cfg.consistency)
@@ -74,12 +75,11 @@ def curate_judge_data(judgments: Iterable[dict], prompts: Iterable[dict] | Mappi
     return out
 
 
-def _position_group(prompts: Iterable[dict] | Mapping[str, dict], cfg: CurateConfig):
+def _position_group(prompts: Mapping[str, dict], cfg: CurateConfig):
     """The group a pairwise row's winners are balanced within (curate.pairwise.position_balance_within)."""
     if cfg.pairwise.position_balance_within == "dataset":
         return None
-    by_id = prompts if isinstance(prompts, Mapping) else {p["prompt_id"]: p for p in prompts}
-    return lambda row: ((by_id.get(row["prompt_id"]) or {}).get("subtask"), row.get("aspect"))
+    return lambda row: ((prompts.get(row["prompt_id"]) or {}).get("subtask"), row.get("aspect"))
 
 
 def curate_policy_data(candidates: Iterable[dict], judgments: Iterable[dict],
