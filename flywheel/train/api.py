@@ -18,9 +18,10 @@ from dataclasses import dataclass, field
 
 import mlflow
 
-from flywheel.config import TRAININGS, Config, ModelRef
+from flywheel.config import Config, ModelRef
 from flywheel.datasets import read_manifest
 from flywheel.train import registry
+from flywheel.train.config import TRAININGS
 from flywheel.train.launcher import launch
 from flywheel.train.worker import TrainJob
 

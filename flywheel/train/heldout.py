@@ -122,7 +122,7 @@ class HeldoutTracker:
 
     @classmethod
     def from_config(cls, h) -> HeldoutTracker:
-        """From a HeldoutConfig (flywheel.config)."""
+        """From a HeldoutConfig (flywheel.train.config)."""
         return cls(h.target, h.patience, h.min_delta, h.max_drop, h.max_rise, h.on_guard, h.min_steps,
                    h.target_mode)
 

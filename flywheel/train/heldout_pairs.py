@@ -4,7 +4,7 @@ reward accuracy and margin on the held-out share (issue 5).
 The loop logs `rewards/accuracies` on the pairs it is fitting, which rises while a run over-optimises; the same
 measure on pairs it never trains on says whether the preference generalises. It is a curve beside the oracle's
 held-out curves (`heldout.pairs/implicit_acc`, `heldout.pairs/margin`, `heldout.pairs/loss`), never a target or
-a guarded measure (config.GeneratorHeldoutConfig refuses it): the stopping signal stays the oracle score.
+a guarded measure (flywheel.train.config.GeneratorHeldoutConfig refuses it): the stopping signal stays the oracle score.
 
 - `split_pairs`: a pair is held out when its prompt is, and a prompt is held out when a hash of its text falls
   below `pairs_fraction` - so a prompt's pairs all land on one side, every rank and every resume computes the
