@@ -163,3 +163,16 @@ def test_a_plain_storage_path_is_pinned_where_the_config_is_loaded(tmp_path, mon
     assert load_config(None, ["storage.uri=data/x"]).storage.uri == str(tmp_path / "data" / "x")
     assert load_config(None, ["storage.uri=~/store"]).storage.uri == str(tmp_path / "home" / "store")
     assert load_config(None, ["storage.uri=s3://bucket/flywheel"]).storage.uri == "s3://bucket/flywheel"
+
+
+def test_loading_a_config_imports_no_heavy_library():
+    """The CLI, the scheduler and every Ray worker load the config tree: it must not pull in torch and friends
+    (each section's module is light; heavy imports live inside the functions that need them)."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from flywheel.config import load_config; load_config('configs/local.yaml'); "
+            "print(sorted(m for m in ('torch', 'transformers', 'ray', 'mlflow', 'diffusers', 'trl', 'peft', 'vllm') "
+            "if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout
