@@ -29,3 +29,16 @@ def test_make_targets_set_themselves_up():
     assert "scripts/setup.sh" in makefile
     setup = (REPO_ROOT / "scripts" / "setup.sh").read_text()
     assert "torch==2.13.0" in setup  # CPU torch first, so nothing pulls a CUDA build
+
+
+def test_relative_links_in_the_docs_point_at_real_files():
+    """README.md and docs/*.md link to files of this repository (docs/results.md, screenshots, ...)."""
+    pages = [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").glob("*.md"))]
+    checked = 0
+    for page in pages:
+        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", page.read_text()):
+            if re.match(r"[a-z]+://|mailto:", target):
+                continue
+            assert (page.parent / target).exists(), f"{page.name} links to {target}, which does not exist"
+            checked += 1
+    assert checked >= 3  # the README links the results page and both MLflow screenshots
