@@ -13,11 +13,12 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from flywheel.curate.config import CurateConfig
 from flywheel.evaluate.metric_names import PER_PAIR, per_pair_accuracy, protocol_of, split_of
 from flywheel.records import RecordLimits
+from flywheel.strict_model import StrictModel
 from flywheel.train.config import TrainConfig
 from flywheel.worlds.shapes.policy_config import BasePoliciesConfig
 from flywheel.worlds.shapes.config import ShapesWorldConfig
@@ -31,12 +32,8 @@ class ConfigError(ValueError):
     """A config file or override is wrong; the message names the key and where it came from."""
 
 
-class _Strict(BaseModel):
-    # extra="forbid": a misspelt key must fail loudly, not be ignored.
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
-
-class RunConfig(_Strict):
+class RunConfig(StrictModel):
     name: str = Field("flywheel", description="Name of this flywheel; also the MLflow experiment name.")
     workdir: str = Field(
         "runs/local",
@@ -46,7 +43,7 @@ class RunConfig(_Strict):
     seed: int = Field(0, description="Global seed; every stage derives its own seeds from it.")
 
 
-class RayConfig(_Strict):
+class RayConfig(StrictModel):
     address: str | None = Field(
         None, description="Ray cluster address; null starts an embedded Ray inside the driver (`ray.init()`)."
     )
@@ -58,7 +55,7 @@ class RayConfig(_Strict):
     )
 
 
-class StorageConfig(_Strict):
+class StorageConfig(StrictModel):
     uri: str = Field(
         "${workdir}/data",
         description="Where every dataset (Parquet + manifest) and checkpoint goes: a local folder, or a shared "
@@ -66,7 +63,7 @@ class StorageConfig(_Strict):
     )
 
 
-class TrackingConfig(_Strict):
+class TrackingConfig(StrictModel):
     uri: str = Field(
         "sqlite:///${workdir}/mlflow.db",
         description="MLflow tracking URI. Always explicit: MLflow's own default is a file in the current directory.",
@@ -78,7 +75,7 @@ class TrackingConfig(_Strict):
     experiment: str | None = Field(None, description="MLflow experiment; null uses run.name.")
 
 
-class ZooConfig(_Strict):
+class ZooConfig(StrictModel):
     """Sizes of the tiny random-initialised checkpoints built for CPU runs (flywheel/models/zoo.py)."""
 
     image_size: int = Field(56, description="Side of images the tiny models see and make; a multiple of 28.")
@@ -100,7 +97,7 @@ class ZooConfig(_Strict):
     clip_hidden: int = Field(32, description="Width of each of SDXL's two tiny CLIP text encoders.")
 
 
-class ModelRef(_Strict):
+class ModelRef(StrictModel):
     path: str = Field(
         description="A Hugging Face id or a local/shared directory passed to from_pretrained, or `zoo:<name>` "
         "for a tiny checkpoint built by `flywheel models build` (judge, policy, generator)."
@@ -109,14 +106,14 @@ class ModelRef(_Strict):
     dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="Weights dtype at load time.")
 
 
-class ModelsConfig(_Strict):
+class ModelsConfig(StrictModel):
     judge: ModelRef = Field(ModelRef(path="zoo:judge"), description="The judge being trained (Qwen2-VL family).")
     policy: ModelRef = Field(ModelRef(path="zoo:policy"), description="The text policy (LLaVA family).")
     generator: ModelRef = Field(ModelRef(path="zoo:generator"), description="The image generator (SDXL family).")
     zoo: ZooConfig = Field(ZooConfig(), description="Architecture sizes of the zoo's tiny checkpoints.")
 
 
-class GenerationConfig(_Strict):
+class GenerationConfig(StrictModel):
     max_new_tokens: int = Field(64, ge=1, description="Longest generated answer in tokens.")
     temperature: float = Field(0.0, ge=0, description="0 is greedy decoding; >0 samples.")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass.")
@@ -127,7 +124,7 @@ class GenerationConfig(_Strict):
                               "rating_readout=expected reads the ratings' probabilities from them.")
 
 
-class ImageGenerationConfig(_Strict):
+class ImageGenerationConfig(StrictModel):
     num_inference_steps: int = Field(25, ge=1, description="Denoising steps.")
     guidance_scale: float = Field(4.0, ge=0, description="Classifier-free guidance; ≤1 disables it.")
     height: int | None = Field(None, description="Output height; null uses the checkpoint's native size.")
@@ -135,13 +132,13 @@ class ImageGenerationConfig(_Strict):
     batch_size: int = Field(4, ge=1, description="Prompts per pipeline call.")
 
 
-class VLLMConfig(_Strict):
+class VLLMConfig(StrictModel):
     tensor_parallel_size: int = Field(1, ge=1, description="GPUs one vLLM engine spans.")
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1, description="Share of GPU memory vLLM may take.")
     max_model_len: int = Field(4096, ge=128, description="Longest prompt+answer vLLM schedules.")
 
 
-class HttpEngineConfig(_Strict):
+class HttpEngineConfig(StrictModel):
     """An OpenAI-compatible chat endpoint as a text engine (flywheel/engines/http.py): GPT-4o, a vLLM server, or
     this project's own Serve app (`flywheel serve`, whose route is <host:port>/v1/chat/completions)."""
 
@@ -167,7 +164,7 @@ class HttpEngineConfig(_Strict):
 TextEngineName = Literal["hf", "vllm", "http", "oracle"]
 
 
-class JudgeConfig(_Strict):
+class JudgeConfig(StrictModel):
     engine: TextEngineName = Field("hf", description="Backend that runs the judge model.")
     prompt_style: Literal["minos", "compact"] = Field(
         "minos", description="How pointwise and pairwise requests are rendered, everywhere the judge is addressed "
@@ -191,7 +188,7 @@ class JudgeConfig(_Strict):
         return self
 
 
-class PolicyConfig(_Strict):
+class PolicyConfig(StrictModel):
     engine: TextEngineName = Field("hf", description="Backend that samples the text policy.")
     generation: GenerationConfig = Field(
         GenerationConfig(temperature=1.0), description="Sampling of policy candidates."
@@ -200,26 +197,26 @@ class PolicyConfig(_Strict):
     http: HttpEngineConfig = Field(HttpEngineConfig(), description="Used when engine is http.")
 
 
-class GeneratorConfig(_Strict):
+class GeneratorConfig(StrictModel):
     engine: Literal["diffusers"] = Field("diffusers", description="Backend that samples the image generator.")
     generation: ImageGenerationConfig = Field(ImageGenerationConfig(), description="Sampling of images.")
 
 
-class StageResources(_Strict):
+class StageResources(StrictModel):
     actors: int = Field(1, ge=1, description="Actor-pool size (Ray Data) or replicas (Serve).")
     num_cpus: float = Field(1, ge=0, description="CPUs per actor/worker.")
     num_gpus: float = Field(0, ge=0, description="GPUs per actor/worker.")
     resources: dict[str, float] = Field({}, description="Custom Ray resources per actor, e.g. a node-type label.")
 
 
-class ResourcesConfig(_Strict):
+class ResourcesConfig(StrictModel):
     labeling: StageResources = Field(StageResources(), description="Judge/teacher labeling actors (Ray Data).")
     candidates: StageResources = Field(StageResources(), description="Policy/generator sampling actors.")
     train: StageResources = Field(StageResources(), description="Ray Train workers (actors = num_workers).")
     serve: StageResources = Field(StageResources(), description="Ray Serve judge replicas.")
 
 
-class SourceSpec(_Strict):
+class SourceSpec(StrictModel):
     type: Literal["jsonl", "parquet", "text"] = Field(description="File format (see flywheel/sources.py).")
     path: str = Field(description="The file.")
     source: str | None = Field(None, description="Source name recorded on each prompt (default: file name).")
@@ -228,12 +225,12 @@ class SourceSpec(_Strict):
     split: str | None = Field(None, description="text lists only: the split of every line.")
 
 
-class PromptsConfig(_Strict):
+class PromptsConfig(StrictModel):
     oracle_world: bool = Field(True, description="Generate the oracle world's task suites.")
     sources: list[SourceSpec] = Field([], description="User prompt files, added to the oracle prompts.")
 
 
-class CandidatesConfig(_Strict):
+class CandidatesConfig(StrictModel):
     samples_per_prompt: int = Field(4, ge=1, description="N: candidates sampled per prompt.")
     batch_size: int = Field(16, ge=1, description="Prompts per Ray Data batch (each yields N candidates).")
     seeded_variants: int = Field(
@@ -246,7 +243,7 @@ class CandidatesConfig(_Strict):
         "whose meta names no describe_prompt.")
 
 
-class JudgmentsConfig(_Strict):
+class JudgmentsConfig(StrictModel):
     """The judgments stage (flywheel/stages/judgments.py): which protocols judge which task, k samples each."""
 
     protocols: dict[str, list[str]] = Field(
@@ -271,7 +268,7 @@ class JudgmentsConfig(_Strict):
         return check_protocols(v)
 
 
-class PreferencesConfig(_Strict):
+class PreferencesConfig(StrictModel):
     """Preference data for the policies, scored by the served judge (flywheel/iteration.py)."""
 
     prompts_per_subtask: int | dict[str, int] = Field(
@@ -299,7 +296,7 @@ class PreferencesConfig(_Strict):
 
 
 # ---- meta-eval (flywheel/evaluate/meta.py): Minos' perturbation checks (issue 7, flywheel/evaluate/perturbation.py)
-class PerturbationConfig(_Strict):
+class PerturbationConfig(StrictModel):
     """Minos' perturbation checks, run on each gold split after meta-eval: images swapped between gold items
     (does the judge's correlation with gold collapse?) and 25% of a response's word spans replaced (does the judge
     score it lower?)."""
@@ -312,7 +309,7 @@ class PerturbationConfig(_Strict):
     seed: int = Field(0, description="Seed of the item choice, the donor images and the replaced spans.")
 
 
-class MetaEvalConfig(_Strict):
+class MetaEvalConfig(StrictModel):
     protocols: list[Literal["pointwise", "pairwise"]] = Field(
         ["pointwise", "pairwise"], min_length=1, description="Gold protocols the judge is asked in. Without "
         "pairwise, gold pairs are still scored by the judge's pointwise ratings (pointwise_ranking) but not "
@@ -321,7 +318,7 @@ class MetaEvalConfig(_Strict):
 # ---- end meta-eval
 
 
-class GateConfig(_Strict):
+class GateConfig(StrictModel):
     """Promotion rules: a challenger becomes champion only if it beats the champion by the margin (a judge: and
     passes judge_test)."""
 
@@ -357,7 +354,7 @@ class GateConfig(_Strict):
     eval_items: int = Field(120, ge=10, description="Held-out items per downstream evaluation.")
 
 
-class WorldConfig(_Strict):
+class WorldConfig(StrictModel):
     """The oracle world of the embedded default: a synthetic world whose ground truth is known."""
 
     shapes: ShapesWorldConfig = Field(ShapesWorldConfig(), description="Scenes, renderer and image checker.")
@@ -367,7 +364,7 @@ class WorldConfig(_Strict):
     gold: GoldConfig = Field(GoldConfig(), description="Gold meta-eval sets labelled by the noiseless oracle.")
 
 
-class ServeLimitsConfig(_Strict):
+class ServeLimitsConfig(StrictModel):
     """Limits of one HTTP request to the Serve app; beyond one the app answers 413 with the reason."""
 
     max_body_bytes: int = Field(8 * 2**20, ge=1024, description="Largest request body in bytes.")
@@ -379,14 +376,14 @@ class ServeLimitsConfig(_Strict):
                                    "ask for; null: judge.generation.max_new_tokens.")
 
 
-class ServeAutoscalingConfig(_Strict):
+class ServeAutoscalingConfig(StrictModel):
     min_replicas: int = Field(1, ge=0, description="Fewest replicas.")
     max_replicas: int = Field(2, ge=1, description="Most replicas.")
     target_ongoing_requests: float = Field(8, gt=0, description="Ongoing requests per replica autoscaling aims "
                                            "at.")
 
 
-class ServeConfig(_Strict):
+class ServeConfig(StrictModel):
     """The Ray Serve judge application (flywheel/serve/). Replicas, CPUs and GPUs per replica: resources.serve;
     decoding: judge.generation; backend: judge.engine (hf or vllm) unless `engine` is set."""
 
@@ -418,7 +415,7 @@ class ServeConfig(_Strict):
     limits: ServeLimitsConfig = Field(ServeLimitsConfig(), description="Per-request limits (413 beyond them).")
 
 
-class Config(_Strict):
+class Config(StrictModel):
     run: RunConfig = Field(RunConfig(), description="Identity, working directory, seed.")
     ray: RayConfig = Field(RayConfig(), description="Where Ray runs.")
     storage: StorageConfig = Field(StorageConfig(), description="Where datasets and checkpoints go.")

@@ -3,14 +3,12 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
+
+from flywheel.strict_model import StrictModel
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
-
-
-class ConsistencyConfig(_Strict):
+class ConsistencyConfig(StrictModel):
     """Minos' consistency filter over the k samples of one judgment input."""
 
     min_samples: int = Field(1, ge=1, description="Fewest parsed samples an item needs to be kept; parse "
@@ -22,7 +20,7 @@ class ConsistencyConfig(_Strict):
                                   "this (0: exact match, as Minos). Verdicts always match exactly.")
 
 
-class ScoreBalanceConfig(_Strict):
+class ScoreBalanceConfig(StrictModel):
     """Dataset-level score balance: Minos' cap or the T2I third-quartile rule."""
 
     method: Literal["none", "cap", "q3"] = Field("q3", description="none: keep as is; cap: at most `cap` rows per "
@@ -41,7 +39,7 @@ class ScoreBalanceConfig(_Strict):
         return self
 
 
-class SubtaskRebalanceConfig(_Strict):
+class SubtaskRebalanceConfig(StrictModel):
     """T2I sub-task rebalance: the third-quartile rule over the SFT rows' sub-tasks."""
 
     enabled: bool = Field(True, description="Rebalance the sub-task mix of the judge SFT set.")
@@ -53,7 +51,7 @@ class SubtaskRebalanceConfig(_Strict):
     downsample: bool = Field(True, description="Sample sub-tasks above the target down to it.")
 
 
-class PairwiseCurateConfig(_Strict):
+class PairwiseCurateConfig(StrictModel):
     """FRABench: swap consistency and winner-position balance of pairwise judgments."""
 
     swap_consistency: bool = Field(True, description="Keep a pairwise item only if its AB and BA verdicts agree "
@@ -67,7 +65,7 @@ class PairwiseCurateConfig(_Strict):
         "position wins on some kind of request (flywheel/curate/pairwise.py has the measurement).")
 
 
-class JudgePairsConfig(_Strict):
+class JudgePairsConfig(StrictModel):
     """Minos' judge-DPO pairs: chosen = the consistent sample, rejected = the farthest sample of the same input."""
 
     min_delta: dict[str, float] = Field(
@@ -77,7 +75,7 @@ class JudgePairsConfig(_Strict):
                     "protocol missing here gets no judge-DPO pairs.")
 
 
-class PolicyPairsConfig(_Strict):
+class PolicyPairsConfig(StrictModel):
     """Policy preference pairs (RLAIF-V / LLaVA-OV-Chat): best vs worst of a prompt's N samples by judge score."""
 
     min_margin: float = Field(1.0, ge=0.0, description="Least score(best) - score(worst) for a pair to be kept; "
@@ -95,7 +93,7 @@ class PolicyPairsConfig(_Strict):
         return self
 
 
-class DedupConfig(_Strict):
+class DedupConfig(StrictModel):
     prompts: bool = Field(True, description="Drop near-duplicate prompts (same task, normalised query text and "
                           "image hashes), keeping the one with the smallest prompt_id.")
     image_hash: Literal["pixels", "ahash"] = Field("pixels", description="How prompt images are compared: pixels "
@@ -103,7 +101,7 @@ class DedupConfig(_Strict):
                                                    "8x8 average hash (also catches slightly altered copies).")
 
 
-class CurateConfig(_Strict):
+class CurateConfig(StrictModel):
     """Every curation knob (flywheel.curate); each function takes the part it needs."""
 
     seed: int = Field(0, description="Seed of every random choice in curation (down-sampling, up-sampling "

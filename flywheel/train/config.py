@@ -7,13 +7,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-
-class _Strict(BaseModel):
-    # extra="forbid": a misspelt key must fail loudly, not be ignored.
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+from flywheel.strict_model import StrictModel
 
 
-class LoraConfig(_Strict):
+class LoraConfig(StrictModel):
     enabled: bool = Field(True, description="Train LoRA adapters; false fine-tunes all weights.")
     r: int = Field(8, ge=1, description="LoRA rank.")
     alpha: int = Field(16, ge=1, description="LoRA alpha (the update is scaled by alpha / r).")
@@ -27,7 +24,7 @@ class LoraConfig(_Strict):
 LrScheduler = Literal["constant", "constant_with_warmup", "linear", "cosine"]
 
 
-class TrainingOverrides(_Strict):
+class TrainingOverrides(StrictModel):
     """Settings of one training; every null falls back to the same-named field of the `train` section."""
 
     lr: float | None = Field(None, gt=0, description="Learning rate; null uses train.lr.")
@@ -59,7 +56,7 @@ class SFTTrainingConfig(TrainingOverrides):
 UpdateMethod = Literal["dpo", "dpo_sft", "bon_sft"]
 
 
-class HeldoutConfig(_Strict):
+class HeldoutConfig(StrictModel):
     """Held-out evaluation during an update: every `every_steps` the model being trained answers `items` seeded
     oracle-world items disjoint from its training prompts (and from the gate's); the best state by `target`
     is kept and exported, training stops after `patience` evaluations without improvement, and the update is
@@ -166,7 +163,7 @@ class DiffusionDPOTrainingConfig(TrainingOverrides):
                                                    "the guard; null: train blind for the configured steps.")
 
 
-class TrainRegistryConfig(_Strict):
+class TrainRegistryConfig(StrictModel):
     judge: str = Field("judge", description="Registered model name of the trained judge (SFT and DPO versions).")
     policy: str = Field("policy-llava", description="Registered model name of the DPO-trained text policy.")
     generator: str = Field("policy-sdxl", description="Registered model name of the Diffusion-DPO generator.")
@@ -175,7 +172,7 @@ class TrainRegistryConfig(_Strict):
         "from_pretrained (and vLLM) without its base; false stores the adapter alone.")
 
 
-class TrainConfig(_Strict):
+class TrainConfig(StrictModel):
     """Shared training settings; the four trainings (judge_sft, judge_dpo, policy_dpo, diffusion_dpo) inherit
     every field they leave null. Ray Train workers and their CPUs/GPUs come from resources.train."""
 
