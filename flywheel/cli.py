@@ -159,6 +159,8 @@ def report(config: ConfigOpt = Path("configs/local.yaml"), overrides: Overrides 
         d = r.downstream.get(role)
         if d:
             return f"{num(d['before'])} → {num(d['after'])}"
+        if role in r.waiting:  # its update waits for more pooled pairs
+            return "pairs {}/{}".format(*r.waiting[role])
         # an update its training refused is never evaluated downstream
         return "refused" if r.outcome.get(getattr(cfg.train.registry, role)) == "refused" else "—"
 

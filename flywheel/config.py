@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, NonNegativeInt, ValidationError, field_validator, model_validator
 
 from flywheel.curate.config import CurateConfig
 from flywheel.evaluate.metric_names import PER_PAIR, per_pair_accuracy, protocol_of, split_of
@@ -283,6 +283,11 @@ class PreferencesConfig(StrictModel):
         "policy.generation.temperature). A peaked policy gives N identical answers, which make no pair.")
     protocols: dict[str, list[str]] = Field({"iu": ["pointwise"], "ig": ["pointwise"]},
                                             description="How the served judge scores the candidates, per task.")
+    update_min_pairs: dict[Literal["policy", "generator"], NonNegativeInt] = Field(
+        {"policy": 0, "generator": 0}, description="Pairs a policy's update waits for (a role left out: 0). "
+        "Each iteration pools its pairs with those of earlier iterations that sampled the same policy and tried "
+        "no update of it (flywheel/preference_pool.py); the update trains on the pool once it holds this many, "
+        "and consumes it. 0: every iteration trains on what it has.")
 
     @model_validator(mode="after")
     def _counts(self) -> PreferencesConfig:
@@ -492,6 +497,7 @@ STAGE_SECTIONS: dict[str, tuple[str, ...]] = {
     "prompts": ("run.seed", "world.shapes", "world.suites", "prompts", "limits"),
     "curate": ("curate", "judge.prompt_style", "limits"),  # the SFT rows are rendered in the judge's style
     "preferences": ("world.shapes", "preferences"),
+    "pool": ("limits",),  # the pooled pairs depend only on their inputs (flywheel/preference_pool.py)
     "judgments-teacher": ("run.seed", "judgments", "teacher", "world.shapes", "limits"),
     "judgments-judge": ("run.seed", "judgments", "judge", "models.judge", "models.zoo", "teacher", "world.shapes",
                         "limits"),

@@ -53,7 +53,7 @@ def iteration_dir(cfg: Config, n: int) -> str:
 def paths(cfg: Config, n: int) -> dict[str, str]:
     it = iteration_dir(cfg, n)
     names = ("prompts", "prompts-train", "candidates", "labels", "curated", "meta-eval", "meta-eval-baseline",
-             "pref-prompts", "pref-candidates", "pref-labels", "pref-curated")
+             "pref-prompts", "pref-candidates", "pref-labels", "pref-curated", "pref-pool")
     # One gold set serves every iteration, and the teacher is the same in each: its meta-eval sits beside the
     # gold, so later iterations find its manifest and skip it (redone when the gold or the teacher changes).
     shared = {k: storage.join(cfg.storage.uri, k) for k in ("gold", "meta-eval-teacher")}
@@ -236,10 +236,22 @@ def _train_and_gate_policies(start: Config, cfg: Config, p: dict, pref: dict, n:
                   cfg.gate.generator_margin)]
     for role, training, data, evaluate, metric, margin in trainings:
         base = getattr(start.models, role).path
-        uri = storage.join(p["pref-curated"], data)
-        if _rows(uri) == 0:
+        pool = _pool(cfg, p, n, role, base, data)
+        uri = pool.uri
+        if pool.rows == 0:
             log.info("iteration %d: no %s preference pairs; %s skipped", n, role, training)
             continue
+        need = cfg.preferences.update_min_pairs.get(role, 0)
+        res.counts |= {f"{role}_pool_pairs": pool.rows, f"{role}_pool_iterations": len(pool.iterations),
+                       f"{role}_pool_needs": need}
+        if pool.rows < need:
+            log.info("iteration %d: %s waits for more pairs: %d of %d pooled (iterations %s)", n, training,
+                     pool.rows, need, pool.iterations)
+            res.counts[f"{role}_waits"] = 1
+            continue
+        if len(pool.iterations) > 1:
+            log.info("iteration %d: %s trains on %d pairs pooled from iterations %s", n, training, pool.rows,
+                     pool.iterations)
         short = _too_few_pairs(start, training, uri)
         if short:
             log.info("iteration %d: %s skipped: %s", n, training, short)
@@ -257,6 +269,18 @@ def _train_and_gate_policies(start: Config, cfg: Config, p: dict, pref: dict, n:
                     fallback = evaluate(cfg, result.model_uri).metrics[metric]
             outcomes.append(outcome_of(method, result.model_uri, result.final, fallback, metric))
         _promote_best_update(cfg, role, base, outcomes, evaluate, metric, margin, stage, res)
+
+
+def _pool(cfg: Config, p: dict, n: int, role: str, start: str, kind: str):
+    """Iteration n's pairs for `role`, pooled with the untrained pairs of earlier iterations that sampled the
+    same policy (flywheel/preference_pool.py)."""
+    from flywheel.preference_pool import pool_pairs, pooled_iterations
+
+    earlier = pooled_iterations(lambda j: IterationRecord.load(iteration_dir(cfg, j)), n, role,
+                                getattr(cfg.train.registry, role), start)
+    sources = {j: storage.join(paths(cfg, j)["pref-curated"], kind) for j in [*earlier, n]}
+    return pool_pairs(kind, sources, storage.join(p["pref-pool"], kind), config_hash=cfg.stage_hash("pool"),
+                      limits=cfg.limits)
 
 
 def _too_few_pairs(cfg: Config, training: str, uri: str) -> str | None:
@@ -344,8 +368,11 @@ def _markdown(s: dict) -> str:
     """The parent run's description in the MLflow UI, most important first (the UI shows its top lines until
     "Show more" is clicked): decisions, judge quality, policy scores, then times and data volumes."""
     lines = [f"## Flywheel iteration {s['iteration']}", "", "**Promotion decisions:**"]
+    counts = s["counts"]
+    waits = [f"- {role}: not trained — its update waits for {counts[f'{role}_pool_needs']} pairs; "
+             f"{counts[f'{role}_pool_pairs']} pooled so far" for role in ROLES if counts.get(f"{role}_waits")]
     lines += [f"- {d['model']}: {'promoted' if d['promoted'] else 'kept champion'} — {d['reason']}"
-              for d in s["decisions"]] or ["- none (no model reached a gate)"]
+              for d in s["decisions"]] + waits or ["- none (no model reached a gate)"]
     lines += [f"- {d['model']}'s next training starts from {d['next_start']['start'] or 'the base model'} — "
               f"{d['next_start']['reason']}" for d in s["decisions"] if d.get("next_start")]
     lines += ["", "**Judge meta-eval vs gold** (the new judge; the champion it must beat; the noisy teacher it learns "
@@ -384,7 +411,7 @@ def _markdown(s: dict) -> str:
     if note := stage_clock.busy_note(load, cpus):
         lines += ["", f"*Times inflated: {note}.*"]
     lines += ["", "| dataset | rows | kept |", "|---|---|---|"]
-    for k, v in s["counts"].items():
-        src = s["counts"].get(RETENTION.get(k, ""))
+    for k, v in counts.items():
+        src = counts.get(RETENTION.get(k, ""))
         lines.append(f"| {k} | {v} | {f'{v / src:.1%} of {RETENTION[k]}' if src else ''} |")
     return "\n".join(lines)

@@ -50,6 +50,8 @@ class IterationRow:
     downstream: dict[str, dict[str, float]] = field(default_factory=dict)  # role -> {"before", "after"}
     # registered model -> "promoted", "kept" (the champion stayed) or "refused" (its own training refused it)
     outcome: dict[str, str] = field(default_factory=dict)
+    # role -> [pairs pooled, pairs its update waits for]: the update did not train (flywheel/preference_pool.py)
+    waiting: dict[str, list[int]] = field(default_factory=dict)
     seconds: float = math.nan
     busy: str = ""  # the stages that ran while other work shared the machine (flywheel/stage_clock.py)
 
@@ -111,6 +113,9 @@ def row_of(iteration: int, run_id: str, status: str, summary: dict | None,
         now = "promoted" if d["promoted"] else "refused" if d["reason"].startswith(REFUSED) else "kept"
         before = row.outcome.get(d["model"])
         row.outcome[d["model"]] = now if before is None else min(before, now, key=OUTCOMES.index)
+    counts = summary.get("counts", {})
+    row.waiting = {role: [int(counts.get(f"{role}_pool_pairs", 0)), int(counts.get(f"{role}_pool_needs", 0))]
+                   for role in DOWNSTREAM if counts.get(f"{role}_waits")}
     row.seconds = float(sum(summary.get("seconds", {}).values()))
     row.busy = busy_note(summary.get("load") or {}, summary.get("cpus"))
     return row

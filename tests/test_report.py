@@ -45,9 +45,11 @@ def _iteration(tracker: Tracker, n: int, ranking: float | None, promoted: bool =
             # two LLaVA methods: one refused by its training, the other gated (and kept out)
             res.decisions = [_decision("judge", promoted), _decision("policy-llava", False, "refused by its training"),
                              _decision("policy-llava", False), _decision("policy-sdxl", False, "refused by its training")]
-            if n == 0:  # only refused updates: nothing was evaluated downstream
+            if n == 0:  # only refused updates: nothing was evaluated downstream; the SDXL's waits for pairs
                 res.downstream = {}
                 res.decisions = res.decisions[:2]
+                res.counts = {"generator_pool_pairs": 80, "generator_pool_needs": 300, "generator_waits": 1,
+                              "policy_pool_pairs": 310, "policy_pool_needs": 300}
             _summarize(res)
     return parent.info.run_id
 
@@ -81,6 +83,7 @@ def test_rows_come_from_each_iterations_latest_run(workdir):
     assert rows[1].outcome == {"judge": "promoted", "policy-llava": "kept", "policy-sdxl": "refused"}
     assert rows[1].seconds == 301.5
     assert rows[0].outcome == {"judge": "promoted", "policy-llava": "refused"} and rows[0].downstream == {}
+    assert rows[0].waiting == {"generator": [80, 300]} and rows[1].waiting == {}
     assert rows[2].status == "FINISHED" and rows[2].judge == {} and math.isnan(rows[2].seconds)
     assert rows[0].busy == "machine busy: load 4.6 on 2 CPUs during judge-sft" and rows[1].busy == rows[2].busy == ""
 
@@ -96,7 +99,8 @@ def test_cli_prints_a_table_and_json_lines(workdir):
     assert "Wilson interval" in out.output
     assert "4.400 → 4.380" in lines["1"] and "judge" in lines["1"] and "302" in lines["1"]
     assert "0.950" in lines["teacher"] and "Downloading" not in out.output
-    assert lines["0"].count("refused") == 1  # the LLaVA's; the SDXL made no decision in iteration 0
+    assert lines["0"].count("refused") == 1  # the LLaVA's; the SDXL made no decision in iteration 0 ...
+    assert "pairs 80/300" in lines["0"]  # ... its update waits for more pooled pairs
     assert "302*" in lines["0"] and "302*" not in lines["1"]  # iteration 0's times were taken on a busy machine
     assert "* iteration 0: machine busy: load 4.6 on 2 CPUs during judge-sft" in out.output
     # the sub-task table: a row per sub-task (id first), a column per iteration, the teacher's last
@@ -177,3 +181,15 @@ def test_the_iteration_description_shows_each_stages_load_and_flags_a_busy_machi
     assert "inflated" not in _markdown(summary)
     del summary["load"], summary["cpus"]  # a summary written before the load was kept
     assert "| judge-sft | 846.0 | — |" in _markdown(summary)
+
+
+def test_the_iteration_description_says_which_update_waits_for_pairs():
+    from flywheel.iteration import _markdown
+
+    summary = {"iteration": 2, "decisions": [], "downstream": {}, "seconds": {}, "meta_eval": {},
+               "counts": {"policy_pool_pairs": 156, "policy_pool_needs": 300, "policy_waits": 1,
+                          "generator_pool_pairs": 320, "generator_pool_needs": 300}}
+    lines = _markdown(summary).splitlines()
+    assert lines[3:5] == ["- policy: not trained — its update waits for 300 pairs; 156 pooled so far", ""]
+    summary["counts"] = {}
+    assert _markdown(summary).splitlines()[3] == "- none (no model reached a gate)"

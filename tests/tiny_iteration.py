@@ -8,4 +8,5 @@ TINY = [*ZOO_MODELS, "world.suites.prompts_per_subtask=3", "world.gold.prompts_p
         "judgments.samples_per_item=1", "generator.generation.num_inference_steps=2",
         "policy.generation.max_new_tokens=8", "judge.generation.max_new_tokens=16", "train.max_steps=2",
         "preferences.prompts_per_subtask=2", "preferences.samples_per_prompt=2", "gate.eval_items=10",
-        "resources.labeling.actors=1"]
+        "resources.labeling.actors=1",
+        "preferences.update_min_pairs={policy: 0, generator: 0}"]  # the updates train on a few pairs, not a pool
