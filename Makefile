@@ -15,7 +15,7 @@ smoke: setup  ## build the tiny models and run each engine once (a quick plumbin
 	$(PY) jobs/smoke.py --config $(CONFIG)
 
 test: setup  ## the default test suite (slow tests excluded)
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q -m "not slow" --durations=15
 
 test-all: setup  ## every test, slow ones included
 	$(PY) -m pytest -q

@@ -9,6 +9,8 @@ output records the same config and inputs (trainings: when an identical version 
 iteration again after a crash — `--resume` — redoes only what had not finished, and gives the same result as an
 uninterrupted run with the same seed. Iteration n+1 starts from n's champion judge and n's champion policies; an
 iteration pins those start models when it begins and skips itself once finished (flywheel/iteration_record.py).
+A policy's update may wait for pairs pooled over several iterations (preferences.update_min_pairs,
+flywheel/preference_pool.py).
 """
 
 from __future__ import annotations

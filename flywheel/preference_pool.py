@@ -6,8 +6,9 @@ iteration's pairs was refused (docs/results.md). An earlier iteration's pairs st
 sampled them is the one being trained, so each iteration pools its own pairs with those of the earlier iterations
 that (a) started from the same policy and (b) tried no update of it - an update, promoted or refused, consumes
 its pool, and a promotion starts the next from the new policy's samples. The update runs once the pool holds
-`preferences.update_min_pairs[role]` pairs. Everything is derived from the iteration records, so a resumed or
-repeated iteration pools the same pairs.
+`preferences.update_min_pairs[role]` pairs. A pooled pair keeps the rating of the judge that ranked it (the
+champion of its iteration, named in the row). Everything is derived from the iteration records, so a
+resumed or repeated iteration pools the same pairs.
 """
 
 from __future__ import annotations
