@@ -45,6 +45,8 @@ class IterationResult:
     decisions: list[dict] = field(default_factory=list)
     models: dict[str, str] = field(default_factory=dict)
     pairs_vs_oracle: dict[str, float] = field(default_factory=dict)  # preference pairs the oracle agrees with
+    # role -> its preference pool: {"pairs", "needs", "iterations"} (flywheel/preference_pool.py)
+    pools: dict[str, dict] = field(default_factory=dict)
     skipped: bool = False  # finished by an earlier run (flywheel/iteration_record.py)
 
 
@@ -246,6 +248,7 @@ def _train_and_gate_policies(start: Config, cfg: Config, p: dict, pref: dict, n:
         need = cfg.preferences.update_min_pairs.get(role, 0)
         res.counts |= {f"{role}_pool_pairs": pool.rows, f"{role}_pool_iterations": len(pool.iterations),
                        f"{role}_pool_needs": need}
+        res.pools[role] = {"pairs": pool.rows, "needs": need, "iterations": pool.iterations}
         if pool.rows < need:
             log.info("iteration %d: %s waits for more pairs: %d of %d pooled (iterations %s)", n, training,
                      pool.rows, need, pool.iterations)
@@ -346,7 +349,7 @@ def _summarize(res: IterationResult) -> None:
     summary = {"iteration": res.iteration, "seconds": res.seconds, "load": res.load, "cpus": res.cpus,
                "counts": res.counts, "meta_eval": res.meta_eval,
                "downstream": res.downstream, "decisions": res.decisions, "models": res.models,
-               "pairs_vs_oracle": res.pairs_vs_oracle}
+               "pairs_vs_oracle": res.pairs_vs_oracle, "pools": res.pools}
     mlflow.log_dict(summary, "summary/summary.json")
     mlflow.set_tag("mlflow.note.content", _markdown(summary))
     log.info("iteration %d done: %s", res.iteration, json.dumps(res.decisions, default=str)[:500])
@@ -366,15 +369,22 @@ def _cell(v: float | None) -> str:
     return "—" if v is None or v != v else f"{v:.3f}"  # not measured (e.g. a protocol meta-eval does not ask)
 
 
+def _span(iterations: list[int]) -> str:
+    """[4, 5, 6, 7] -> "4-7" (a pool's iterations are consecutive), [3] -> "3"."""
+    return f"{iterations[0]}-{iterations[-1]}" if len(iterations) > 1 else str(iterations[0])
+
+
 def _markdown(s: dict) -> str:
     """The parent run's description in the MLflow UI, most important first (the UI shows its top lines until
     "Show more" is clicked): decisions, judge quality, policy scores, then times and data volumes."""
     lines = [f"## Flywheel iteration {s['iteration']}", "", "**Promotion decisions:**"]
-    counts = s["counts"]
-    waits = [f"- {role}: not trained — its update waits for {counts[f'{role}_pool_needs']} pairs; "
-             f"{counts[f'{role}_pool_pairs']} pooled so far" for role in ROLES if counts.get(f"{role}_waits")]
+    pools = s.get("pools") or {}
+    waits = [f"- {role}: not trained — its update waits for {p['needs']} pairs; {p['pairs']} pooled from "
+             f"iterations {_span(p['iterations'])}" for role, p in pools.items() if p["pairs"] < p["needs"]]
     lines += [f"- {d['model']}: {'promoted' if d['promoted'] else 'kept champion'} — {d['reason']}"
               for d in s["decisions"]] + waits or ["- none (no model reached a gate)"]
+    lines += [f"- {role}'s update trained on {p['pairs']} pairs pooled from iterations {_span(p['iterations'])}"
+              for role, p in pools.items() if p["pairs"] >= p["needs"] and len(p["iterations"]) > 1]
     lines += [f"- {d['model']}'s next training starts from {d['next_start']['start'] or 'the base model'} — "
               f"{d['next_start']['reason']}" for d in s["decisions"] if d.get("next_start")]
     lines += ["", "**Judge meta-eval vs gold** (the new judge; the champion it must beat; the noisy teacher it learns "
@@ -413,7 +423,7 @@ def _markdown(s: dict) -> str:
     if note := stage_clock.busy_note(load, cpus):
         lines += ["", f"*Times inflated: {note}.*"]
     lines += ["", "| dataset | rows | kept |", "|---|---|---|"]
-    for k, v in counts.items():
-        src = counts.get(RETENTION.get(k, ""))
+    for k, v in s["counts"].items():
+        src = s["counts"].get(RETENTION.get(k, ""))
         lines.append(f"| {k} | {v} | {f'{v / src:.1%} of {RETENTION[k]}' if src else ''} |")
     return "\n".join(lines)

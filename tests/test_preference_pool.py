@@ -83,6 +83,8 @@ def test_an_update_waits_until_its_pool_holds_enough_pairs(workdir_cfg):
     assert res.counts == {"policy_pool_pairs": 24, "policy_pool_iterations": 3, "policy_pool_needs": 25,
                           "policy_waits": 1, "generator_pool_pairs": 11, "generator_pool_iterations": 3,
                           "generator_pool_needs": 13, "generator_waits": 1} and res.decisions == []
+    assert res.pools == {"policy": {"pairs": 24, "needs": 25, "iterations": [0, 1, 2]},
+                         "generator": {"pairs": 11, "needs": 13, "iterations": [0, 1, 2]}}
     pool = _pool(cfg, p, 2, "policy", "world:policy", "dpo")
     assert (pool.rows, pool.iterations, pool.uri) == (24, [0, 1, 2], storage.join(p["pref-pool"], "dpo"))
     # once iteration 1 tried an update, the pool restarts after it

@@ -183,13 +183,14 @@ def test_the_iteration_description_shows_each_stages_load_and_flags_a_busy_machi
     assert "| judge-sft | 846.0 | — |" in _markdown(summary)
 
 
-def test_the_iteration_description_says_which_update_waits_for_pairs():
+def test_the_iteration_description_says_which_update_waits_for_pairs_and_what_a_pool_trained_on():
     from flywheel.iteration import _markdown
 
-    summary = {"iteration": 2, "decisions": [], "downstream": {}, "seconds": {}, "meta_eval": {},
-               "counts": {"policy_pool_pairs": 156, "policy_pool_needs": 300, "policy_waits": 1,
-                          "generator_pool_pairs": 320, "generator_pool_needs": 300}}
+    summary = {"iteration": 7, "decisions": [], "downstream": {}, "seconds": {}, "meta_eval": {}, "counts": {},
+               "pools": {"policy": {"pairs": 310, "needs": 300, "iterations": [4, 5, 6, 7]},
+                         "generator": {"pairs": 234, "needs": 300, "iterations": [5, 6, 7]}}}
     lines = _markdown(summary).splitlines()
-    assert lines[3:5] == ["- policy: not trained — its update waits for 300 pairs; 156 pooled so far", ""]
-    summary["counts"] = {}
-    assert _markdown(summary).splitlines()[3] == "- none (no model reached a gate)"
+    assert lines[3:6] == ["- generator: not trained — its update waits for 300 pairs; 234 pooled from iterations 5-7",
+                          "- policy's update trained on 310 pairs pooled from iterations 4-7", ""]
+    summary["pools"] = {"policy": {"pairs": 70, "needs": 0, "iterations": [0]}}  # no pool: nothing to say
+    assert _markdown(summary).splitlines()[3:5] == ["- none (no model reached a gate)", ""]
