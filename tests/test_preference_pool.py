@@ -34,7 +34,8 @@ def test_untried_iterations_of_the_same_policy_pool_until_an_update_or_another_p
     assert pooled_iterations(tried.get, 5, "generator", "policy-sdxl", "world:generator") == [0, 1, 2, 3, 4]
 
 
-def test_the_pool_holds_each_pair_once_records_its_inputs_and_is_redone_only_when_they_change(tmp_path):
+def test_the_pool_holds_each_pair_once_records_its_inputs_and_is_redone_only_when_they_change(tmp_path,
+                                                                                              monkeypatch):
     src = {j: str(tmp_path / f"it{j}") for j in range(4)}
     write_synthetic(src[0], "dpo", 5, size=8, seed=0)
     write_synthetic(src[1], "dpo", 7, size=8, seed=1)
@@ -45,7 +46,9 @@ def test_the_pool_holds_each_pair_once_records_its_inputs_and_is_redone_only_whe
     m = read_manifest(out)
     assert [u.content_hash for u in m.upstream] == [read_manifest(src[j]).content_hash for j in (0, 1, 3)]
     assert len({r["dpo_id"] for r in read_rows(out)}) == 12
-    assert pool_pairs("dpo", src, out, config_hash="h").rows == 12 and read_manifest(out) == m  # skipped
+    with monkeypatch.context() as mp:  # the same inputs: nothing is written again
+        mp.setattr("flywheel.preference_pool.write_dataset", lambda *a, **k: pytest.fail("pool rewritten"))
+        assert pool_pairs("dpo", src, out, config_hash="h").rows == 12 and read_manifest(out) == m
     write_synthetic(src[1], "dpo", 2, size=8, seed=1)
     assert pool_pairs("dpo", src, out, config_hash="h").rows == 7 and read_manifest(out).row_count == 7
     # one dataset alone is used where it is; none at all is an empty pool
