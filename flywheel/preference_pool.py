@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from flywheel.datasets import MissingManifest, read_dataset, read_manifest, write_dataset
 from flywheel.iteration_record import IterationRecord
+from flywheel.stages.runner import up_to_date
 
 log = logging.getLogger(__name__)
 
@@ -50,28 +51,24 @@ def pool_pairs(kind: str, sources: dict[int, str], out_uri: str, *, config_hash:
     """Write the union of the `kind` datasets in `sources` (iteration -> uri; a missing dataset, e.g. an iteration
     that had no champion judge to rank with, adds nothing) to out_uri, each pair once; skipped when out_uri already
     holds exactly these inputs."""
-    found = {}
+    found = {}  # iteration -> manifest: the up-to-date check needs no data (image pairs carry PNGs)
     for it, uri in sorted(sources.items()):
         try:
-            found[it] = read_dataset(uri, kind)
+            found[it] = read_manifest(uri)
         except MissingManifest:
             continue
     if not found:
         return Pool(out_uri, 0, [])
     if len(found) == 1:  # nothing to pool: the one dataset as it is
-        (it, (_, m)), = found.items()
+        (it, m), = found.items()
         return Pool(sources[it], m.row_count, [it])
-    upstream = [m for _, m in found.values()]
-    try:
-        done = read_manifest(out_uri)
-        if done.config_hash == config_hash and [u.content_hash for u in done.upstream] == \
-                [m.content_hash for m in upstream]:
-            return Pool(out_uri, done.row_count, list(found))
-    except MissingManifest:
-        pass
-    rows = _unique([t.to_pylist() for t, _ in found.values()], f"{kind}_id")
+    done = up_to_date(out_uri, config_hash, list(found.values()))
+    if done is not None:
+        return Pool(out_uri, done.row_count, list(found))
+    tables = [read_dataset(sources[it], kind) for it in found]  # verified against their manifests
+    rows = _unique([t.to_pylist() for t, _ in tables], f"{kind}_id")
     m = write_dataset(out_uri, kind, rows, config_hash=config_hash, producer="pool-preferences",
-                      upstream=upstream, limits=limits)
+                      upstream=[m for _, m in tables], limits=limits)
     return Pool(out_uri, m.row_count, list(found))
 
 
