@@ -47,6 +47,9 @@ class IterationResult:
     pairs_vs_oracle: dict[str, float] = field(default_factory=dict)  # preference pairs the oracle agrees with
     # role -> its preference pool: {"pairs", "needs", "iterations"} (flywheel/preference_pool.py)
     pools: dict[str, dict] = field(default_factory=dict)
+    # earlier iteration -> its pooled pairs ranked again by this iteration's judge (preferences.relabel_pool):
+    # {"judge": who ranked them first, "before"/"after": their agreement with the oracle, if it can grade them}
+    relabeled: dict[int, dict] = field(default_factory=dict)
     skipped: bool = False  # finished by an earlier run (flywheel/iteration_record.py)
 
 
@@ -57,7 +60,8 @@ def iteration_dir(cfg: Config, n: int) -> str:
 def paths(cfg: Config, n: int) -> dict[str, str]:
     it = iteration_dir(cfg, n)
     names = ("prompts", "prompts-train", "candidates", "labels", "curated", "meta-eval", "meta-eval-baseline",
-             "pref-prompts", "pref-candidates", "pref-labels", "pref-curated", "pref-pool")
+             "pref-prompts", "pref-candidates", "pref-labels", "pref-curated", "pref-pool",
+             "pref-relabel")
     # One gold set serves every iteration, and the teacher is the same in each: its meta-eval sits beside the
     # gold, so later iterations find its manifest and skip it (redone when the gold or the teacher changes).
     shared = {k: storage.join(cfg.storage.uri, k) for k in ("gold", "meta-eval-teacher")}
@@ -238,14 +242,19 @@ def _train_and_gate_policies(start: Config, cfg: Config, p: dict, pref: dict, n:
     trainings = [("policy", "policy_dpo", "dpo", evaluate_policy_ref, cfg.gate.policy_metric, cfg.gate.policy_margin),
                  ("generator", "diffusion_dpo", "image_pref", evaluate_generator_ref, cfg.gate.generator_metric,
                   cfg.gate.generator_margin)]
+    needs = {role: cfg.preferences.update_min_pairs.get(role, 0) for role in ("policy", "generator")}
+    pools = {role: _pool(cfg, p, n, role, getattr(start.models, role).path, data) for role, _, data, *_ in trainings}
+    due = {role: pool for role, pool in pools.items() if pool.rows and pool.rows >= needs[role]}
+    if cfg.preferences.relabel_pool and due and (curated := _relabel(start, cfg, p, n, due, stage, res)):
+        pools |= {role: _pool(cfg, p, n, role, getattr(start.models, role).path, data, curated)
+                  for role, _, data, *_ in trainings if role in due}
     for role, training, data, evaluate, metric, margin in trainings:
         base = getattr(start.models, role).path
-        pool = _pool(cfg, p, n, role, base, data)
+        pool, need = pools[role], needs[role]
         uri = pool.uri
         if pool.rows == 0:
             log.info("iteration %d: no %s preference pairs; %s skipped", n, role, training)
             continue
-        need = cfg.preferences.update_min_pairs.get(role, 0)
         res.counts |= {f"{role}_pool_pairs": pool.rows, f"{role}_pool_iterations": len(pool.iterations),
                        f"{role}_pool_needs": need}
         res.pools[role] = {"pairs": pool.rows, "needs": need, "iterations": pool.iterations}
@@ -276,16 +285,44 @@ def _train_and_gate_policies(start: Config, cfg: Config, p: dict, pref: dict, n:
         _promote_best_update(cfg, role, base, outcomes, evaluate, metric, margin, stage, res)
 
 
-def _pool(cfg: Config, p: dict, n: int, role: str, start: str, kind: str):
+def _pool(cfg: Config, p: dict, n: int, role: str, start: str, kind: str, curated: dict[int, str] | None = None):
     """Iteration n's pairs for `role`, pooled with the untrained pairs of earlier iterations that sampled the
-    same policy (flywheel/preference_pool.py)."""
+    same policy (flywheel/preference_pool.py); `curated` names an earlier iteration's pairs ranked again."""
     from flywheel.preference_pool import pool_pairs, pooled_iterations
 
     earlier = pooled_iterations(lambda j: IterationRecord.load(iteration_dir(cfg, j)), n, role,
                                 getattr(cfg.train.registry, role), start)
-    sources = {j: storage.join(paths(cfg, j)["pref-curated"], kind) for j in [*earlier, n]}
+    curated = curated or {}
+    sources = {j: storage.join(curated.get(j) or paths(cfg, j)["pref-curated"], kind) for j in [*earlier, n]}
     return pool_pairs(kind, sources, storage.join(p["pref-pool"], kind), config_hash=cfg.stage_hash("pool"),
                       limits=cfg.limits)
+
+
+def _relabel(start: Config, cfg: Config, p: dict, n: int, due: dict, stage, res: IterationResult) -> dict[int, str]:
+    """The earlier iterations in the due pools whose pairs another judge ranked, ranked again by this iteration's
+    judge (preferences.relabel_pool); returns iteration -> its new pref-curated root."""
+    from flywheel.preference_pool import ranked_by
+    from flywheel.preferences import pairs_vs_oracle, relabel
+
+    mine = ranked_by(p["pref-curated"])
+    stale = {j: ranked_by(paths(cfg, j)["pref-curated"]) for pool in due.values() for j in pool.iterations if j != n}
+    stale = {j: judge for j, judge in sorted(stale.items()) if judge != mine}
+    if not stale:
+        return {}
+    with stage("relabel-pool"):
+        curated = relabel(start, res.models["preference_judge"], {j: paths(cfg, j) for j in stale}, p["pref-relabel"])
+    for j, judge in stale.items():
+        res.relabeled[j] = {"judge": judge, "before": pairs_vs_oracle(cfg, paths(cfg, j)),
+                            "after": pairs_vs_oracle(cfg, paths(cfg, j) | {"pref-curated": curated[j]})}
+        log.info("iteration %d: iteration %d's samples ranked again (first by %s); pairs vs the oracle, right of "
+                 "graded: %s -> %s", n, j, judge, _right(res.relabeled[j]["before"]),
+                 _right(res.relabeled[j]["after"]))
+    return curated
+
+
+def _right(agreement: dict) -> str:
+    graded = sum(agreement.get(f"all/{v}", 0) for v in ("right", "tie", "wrong"))
+    return f"{agreement['all/right']:.0f}/{graded:.0f}" if graded else "not graded"
 
 
 def _too_few_pairs(cfg: Config, training: str, uri: str) -> str | None:
@@ -349,7 +386,8 @@ def _summarize(res: IterationResult) -> None:
     summary = {"iteration": res.iteration, "seconds": res.seconds, "load": res.load, "cpus": res.cpus,
                "counts": res.counts, "meta_eval": res.meta_eval,
                "downstream": res.downstream, "decisions": res.decisions, "models": res.models,
-               "pairs_vs_oracle": res.pairs_vs_oracle, "pools": res.pools}
+               "pairs_vs_oracle": res.pairs_vs_oracle, "pools": res.pools,
+               "relabeled": res.relabeled}
     mlflow.log_dict(summary, "summary/summary.json")
     mlflow.set_tag("mlflow.note.content", _markdown(summary))
     log.info("iteration %d done: %s", res.iteration, json.dumps(res.decisions, default=str)[:500])
@@ -385,6 +423,10 @@ def _markdown(s: dict) -> str:
               for d in s["decisions"]] + waits or ["- none (no model reached a gate)"]
     lines += [f"- {role}'s update trained on {p['pairs']} pairs pooled from iterations {_span(p['iterations'])}"
               for role, p in pools.items() if p["pairs"] >= p["needs"] and len(p["iterations"]) > 1]
+    if relabeled := s.get("relabeled"):  # keys are strings once the summary went through JSON
+        lines += [f"- the pooled pairs of iterations {', '.join(map(str, relabeled))} were ranked again by this "
+                  f"iteration's judge; right by the oracle (of graded): " + ", ".join(
+                      f"{j}: {_right(r['before'])} → {_right(r['after'])}" for j, r in relabeled.items())]
     lines += [f"- {d['model']}'s next training starts from {d['next_start']['start'] or 'the base model'} — "
               f"{d['next_start']['reason']}" for d in s["decisions"] if d.get("next_start")]
     lines += ["", "**Judge meta-eval vs gold** (the new judge; the champion it must beat; the noisy teacher it learns "

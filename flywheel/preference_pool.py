@@ -7,8 +7,9 @@ sampled them is the one being trained, so each iteration pools its own pairs wit
 that (a) started from the same policy and (b) tried no update of it - an update, promoted or refused, consumes
 its pool, and a promotion starts the next from the new policy's samples. The update runs once the pool holds
 `preferences.update_min_pairs[role]` pairs. A pooled pair keeps the rating of the judge that ranked it (the
-champion of its iteration, named in the row). Everything is derived from the iteration records, so a
-resumed or repeated iteration pools the same pairs.
+champion of its iteration, named in the row) unless preferences.relabel_pool has the current judge rank the
+earlier iterations' samples again when the update is due (flywheel/preferences.py relabel). Everything is
+derived from the iteration records, so a resumed or repeated iteration pools the same pairs.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from flywheel.datasets import MissingManifest, read_dataset, read_manifest, write_dataset
+from flywheel import storage
+from flywheel.datasets import MissingManifest, read_dataset, read_manifest, read_rows, write_dataset
 from flywheel.iteration_record import IterationRecord
 from flywheel.stages.runner import up_to_date
 
@@ -70,6 +72,16 @@ def pool_pairs(kind: str, sources: dict[int, str], out_uri: str, *, config_hash:
     m = write_dataset(out_uri, kind, rows, config_hash=config_hash, producer="pool-preferences",
                       upstream=[m for _, m in tables], limits=limits)
     return Pool(out_uri, m.row_count, list(found))
+
+
+def ranked_by(curated_uri: str) -> str | None:
+    """Who ranked the pairs of a pref-curated dataset (each pair names its judge; several: joined by ", "), None
+    when it holds no pairs or was never written."""
+    try:
+        judges = {r["judge"] for r in read_rows(storage.join(curated_uri, "pairs"), "pair")}
+    except MissingManifest:
+        return None
+    return ", ".join(sorted(judges)) or None
 
 
 def _unique(tables: Iterable[list[dict]], key: str) -> list[dict]:

@@ -90,6 +90,28 @@ def make_preferences(start: Config, cfg: Config, p: dict[str, str], n: int, trac
     return out
 
 
+def relabel(start: Config, judge: str, earlier: dict[int, dict[str, str]], out_uri: str) -> dict[int, str]:
+    """Rank the preference candidates of earlier iterations (iteration -> its paths) again with `judge`, served,
+    and curate new pairs from them under out_uri/<iteration>; returns iteration -> its new pref-curated root.
+    A pooled update then trains only on the current judge's rankings (preferences.relabel_pool): in runs/t6 the
+    first iteration's judge ranked 5 of 23 caption pairs right, the fourth's 17 of 28."""
+    from flywheel import storage
+    from flywheel.stages import curate, judgments
+
+    roots = {j: storage.join(out_uri, f"{j:03d}") for j in sorted(earlier)}
+    with served_judge(start, judge) as deployed:
+        log.info("relabel: judge %s ranks the samples of iterations %s again", deployed.served.version,
+                 sorted(earlier))
+        c = judge_config(start, deployed.openai_base_url)
+        for j, root in roots.items():
+            pj = earlier[j]
+            # no tracker: the iteration's own labeling metrics stay those of its own samples
+            judgments.run(c, pj["pref-prompts"], pj["pref-candidates"], storage.join(root, "pref-labels"), "judge")
+            curate.run_policy(start, storage.join(root, "pref-labels"), pj["pref-prompts"], pj["pref-candidates"],
+                              storage.join(root, "pref-curated"))
+    return {j: storage.join(root, "pref-curated") for j, root in roots.items()}
+
+
 def pairs_vs_oracle(cfg: Config, p: dict[str, str]) -> dict[str, float]:
     """How the iteration's preference pairs agree with the oracle (flywheel/worlds/shapes/pair_check.py); empty
     when no pair's prompt carries ground truth (data from outside the shapes world)."""
