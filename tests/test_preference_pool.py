@@ -1,14 +1,17 @@
 """Preference pools: which earlier iterations' pairs join an update, the pooled dataset, and an update that waits
 for its pool (flywheel/preference_pool.py, flywheel/iteration.py)."""
 
+import contextlib
+
 import pytest
 
 from flywheel import storage
 from flywheel.config import load_config
-from flywheel.datasets import read_manifest, read_rows
-from flywheel.iteration import IterationResult, _pool, _train_and_gate_policies, iteration_dir, paths, with_models
+from flywheel.datasets import read_manifest, read_rows, write_dataset
+from flywheel.iteration import (IterationResult, _markdown, _pool, _relabel, _train_and_gate_policies, iteration_dir,
+                                paths, with_models)
 from flywheel.iteration_record import IterationRecord
-from flywheel.preference_pool import pool_pairs, pooled_iterations
+from flywheel.preference_pool import pool_pairs, pooled_iterations, ranked_by
 from flywheel.train.synthetic import write_synthetic
 
 
@@ -61,11 +64,16 @@ def workdir_cfg(tmp_path):
     return load_config(None, [f"run.workdir={tmp_path}", "preferences.update_min_pairs={policy: 25, generator: 13}"])
 
 
-def _iteration_with_pairs(cfg, n, text, images, decisions=()):
+def _iteration_with_pairs(cfg, n, text, images, decisions=(), judge=None):
     curated = paths(cfg, n)["pref-curated"]
     # images of another size in each iteration: no pair repeats an earlier one's
     write_synthetic(storage.join(curated, "dpo"), "dpo", text, size=8 + n, seed=n, target="policy")
     write_synthetic(storage.join(curated, "image_pref"), "image_pref", images, size=8 + n, seed=n)
+    if judge:  # the pairs the training rows came from, each naming the judge that ranked it
+        write_dataset(storage.join(curated, "pairs"), "pair", [
+            {"kind": "policy", "prompt_id": f"pr_{n}_{i}", "chosen_id": f"ca_{n}_{i}a", "rejected_id": f"ca_{n}_{i}b",
+             "chosen_score": 5.0, "rejected_score": 1.0, "margin": 4.0, "judge": judge, "meta": {}}
+            for i in range(text)], config_hash="test", producer="test")
     _record(n, decisions=decisions).save(iteration_dir(cfg, n))
 
 
@@ -101,3 +109,51 @@ def test_the_threshold_is_validated_at_load():
         load_config(None, ["preferences.update_min_pairs={llava: 300}"])
     with pytest.raises(ValueError, match="update_min_pairs"):
         load_config(None, ["preferences.update_min_pairs={policy: -1}"])
+
+
+def test_a_due_pool_has_the_current_judge_rank_the_earlier_iterations_again(tmp_path, monkeypatch):
+    """preferences.relabel_pool: only the earlier iterations of a due pool whose pairs another judge ranked are
+    ranked again, and the pool is rebuilt from their new pairs. The served round trip (Ray Serve, the judge's HTTP
+    route) is tested in tests/test_preferences.py; here `relabel` writes the new pairs itself, and the oracle's
+    grading, which needs the shapes world's samples, is replaced by a marker of which pairs it read."""
+    cfg = load_config(None, [f"run.workdir={tmp_path}", "preferences.relabel_pool=true",
+                             "preferences.update_min_pairs={policy: 20, generator: 13}"])
+    for n, judge in enumerate(["judge@old", "judge@old", "judge@now"]):
+        _iteration_with_pairs(cfg, n, 8, 4, judge=judge)
+    calls = []
+
+    def relabel(start, judge, earlier, out_uri):
+        calls.append((judge, sorted(earlier), out_uri))
+        new = {j: storage.join(out_uri, f"{j:03d}", "pref-curated") for j in earlier}
+        for j, root in new.items():  # the current judge keeps 5 of an iteration's 8 pairs
+            write_synthetic(storage.join(root, "dpo"), "dpo", 5, size=30 + j, seed=j, target="policy")
+        return new
+
+    monkeypatch.setattr("flywheel.preferences.relabel", relabel)
+    monkeypatch.setattr("flywheel.preferences.pairs_vs_oracle",
+                        lambda cfg, p: {"all/right": 1.0, "all/tie": 0.0, "all/wrong": 0.0}
+                        if "pref-relabel" in p["pref-curated"] else {"all/right": 0.0, "all/tie": 0.0, "all/wrong": 1.0})
+    p, start = paths(cfg, 2), with_models(cfg, **_record(2).start)
+    res = IterationResult(2, "", models={"preference_judge": "models:/judge/9"})
+    # the text pool (24 pairs) is due, the image pool (11) is not: iterations 0 and 1 are ranked again for the text
+    # pool, whose 5 + 5 + 8 pairs then fall short of 20 and wait
+    _train_and_gate_policies(start, cfg, p, {"dpo": 1}, 2, None, lambda name: contextlib.nullcontext(), res)
+    assert calls == [("models:/judge/9", [0, 1], p["pref-relabel"])]
+    assert res.pools == {"policy": {"pairs": 18, "needs": 20, "iterations": [0, 1, 2]},
+                         "generator": {"pairs": 11, "needs": 13, "iterations": [0, 1, 2]}} and res.decisions == []
+    pooled = read_manifest(storage.join(p["pref-pool"], "dpo"))
+    assert [u.path for u in pooled.upstream] == [storage.join(p["pref-relabel"], "000", "pref-curated", "dpo"),
+                                                 storage.join(p["pref-relabel"], "001", "pref-curated", "dpo"),
+                                                 storage.join(p["pref-curated"], "dpo")]
+    assert res.relabeled[0] == {"judge": "judge@old", "before": {"all/right": 0.0, "all/tie": 0.0, "all/wrong": 1.0},
+                                "after": {"all/right": 1.0, "all/tie": 0.0, "all/wrong": 0.0}}
+    summary = {"iteration": 2, "decisions": [], "pools": res.pools, "relabeled": {"0": res.relabeled[0]},
+               "meta_eval": {}, "downstream": {}, "seconds": {}, "counts": {}}
+    assert "pooled pairs of iterations 0 were ranked again by this iteration's judge; right by the oracle " \
+           "(of graded): 0: 0/1 → 1/1" in _markdown(summary)
+    # pairs the current judge ranked already are not ranked again
+    _iteration_with_pairs(cfg, 1, 8, 4, judge="judge@now")
+    calls.clear()
+    assert sorted(_relabel(start, cfg, p, 2, {"policy": _pool(cfg, p, 2, "policy", "world:policy", "dpo")},
+                           lambda name: contextlib.nullcontext(), res)) == [0] and calls[0][1] == [0]
+    assert ranked_by(paths(cfg, 1)["pref-curated"]) == "judge@now" and ranked_by(str(tmp_path / "none")) is None

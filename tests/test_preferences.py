@@ -15,7 +15,7 @@ import ray
 from flywheel.config import load_config
 from flywheel.datasets import read_manifest, read_rows, write_dataset
 from flywheel.iteration import IterationResult, paths
-from flywheel.preferences import make_preferences, pairs_vs_oracle
+from flywheel.preferences import make_preferences, pairs_vs_oracle, relabel
 from flywheel.track import Tracker
 from flywheel.train import registry
 
@@ -78,6 +78,8 @@ def test_candidates_are_judged_through_serve_by_the_champion(pcfg, zoo):
     try:
         with _iteration(pcfg) as (tracker, stage, res):
             out = make_preferences(pcfg, pcfg, p, 0, tracker, stage, res)
+        # a later iteration's judge ranks these samples again (preferences.relabel_pool): served the same way
+        relabeled = relabel(pcfg, version, {0: p}, p["pref-relabel"])
     finally:
         with contextlib.suppress(Exception):
             serve.shutdown()
@@ -92,6 +94,11 @@ def test_candidates_are_judged_through_serve_by_the_champion(pcfg, zoo):
     assert all(j["parse_error"] and j["score"] is None and j["raw_output"] is not None for j in labels)
     assert read_manifest(out["pairs"].path).row_count == 0  # unparsed ratings never make pairs
     assert res.pairs_vs_oracle == {}  # nothing to grade
+    again = read_rows(f"{p['pref-relabel']}/000/pref-labels")
+    assert sorted(j["candidate_ids"][0] for j in again) == sorted(c["candidate_id"] for c in cands)
+    assert all(j["judge"].startswith("http:") and j["judge"].endswith("@" + version) for j in again)
+    assert relabeled == {0: f"{p['pref-relabel']}/000/pref-curated"}
+    assert read_manifest(f"{relabeled[0]}/pairs").row_count == 0 == read_manifest(f"{relabeled[0]}/dpo").row_count
 
     # the oracle grading of pairs (flywheel/worlds/shapes/pair_check.py) reads the stage's own datasets: one
     # colour pair, written as a judge that could parse would have curated it
