@@ -289,7 +289,7 @@ class PreferencesConfig(StrictModel):
         "no update of it (flywheel/preference_pool.py); the update trains on the pool once it holds this many, "
         "and consumes it. 0: every iteration trains on what it has.")
     relabel_pool: bool = Field(
-        False, description="When a pooled update is due, rank the samples of the earlier iterations in its pool "
+        True, description="When a pooled update is due, rank the samples of the earlier iterations in its pool "
         "again with the judge serving now (their pairs were ranked by older judges), so the update trains on the "
         "current judge's pairs only. Costs one preference-labels pass per earlier iteration, once per update.")
 

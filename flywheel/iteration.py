@@ -310,7 +310,7 @@ def _relabel(start: Config, cfg: Config, p: dict, n: int, due: dict, stage, res:
     if not stale:
         return {}
     with stage("relabel-pool"):
-        curated = relabel(start, res.models["preference_judge"], {j: paths(cfg, j) for j in stale}, p["pref-relabel"])
+        curated = relabel(start, res.models["preference_judge"], {j: paths(cfg, j) for j in stale})
     for j, judge in stale.items():
         res.relabeled[j] = {"judge": judge, "before": pairs_vs_oracle(cfg, paths(cfg, j)),
                             "after": pairs_vs_oracle(cfg, paths(cfg, j) | {"pref-curated": curated[j]})}

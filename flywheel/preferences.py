@@ -7,6 +7,7 @@ for the text policy and Diffusion-DPO rows for the generator, each pair carrying
 from __future__ import annotations
 
 import logging
+import re
 from contextlib import contextmanager
 
 import mlflow
@@ -33,9 +34,11 @@ def served_judge(cfg: Config, judge_ref: str):
         serve.delete(deployed.app_name)
 
 
-def judge_config(cfg: Config, base_url: str) -> Config:
-    """The config the judgments stage uses to score candidates through Serve."""
+def judge_config(cfg: Config, base_url: str, judge_ref: str) -> Config:
+    """The config the judgments stage uses to score candidates through Serve, with `judge_ref` served. The engine
+    only talks HTTP; naming the served judge in models.judge makes it part of the labels' stage hash."""
     c = cfg.model_copy(deep=True)
+    c.models.judge.path = judge_ref
     c.judge.engine = "http"
     c.judge.http.base_url = base_url
     c.judgments.protocols = dict(cfg.preferences.protocols)
@@ -75,7 +78,7 @@ def make_preferences(start: Config, cfg: Config, p: dict[str, str], n: int, trac
     with stage("preference-labels"):
         with served_judge(start, judge) as deployed:
             log.info("preference labels: judge %s served at %s", deployed.served.version, deployed.url)
-            labels = judgments.run(judge_config(start, deployed.openai_base_url), p["pref-prompts"],
+            labels = judgments.run(judge_config(start, deployed.openai_base_url, judge), p["pref-prompts"],
                                    p["pref-candidates"], p["pref-labels"], "judge", tracker)
         res.counts["pref_labels"] = labels.manifest.row_count
     with stage("curate-policy"):
@@ -90,19 +93,22 @@ def make_preferences(start: Config, cfg: Config, p: dict[str, str], n: int, trac
     return out
 
 
-def relabel(start: Config, judge: str, earlier: dict[int, dict[str, str]], out_uri: str) -> dict[int, str]:
+def relabel(start: Config, judge: str, earlier: dict[int, dict[str, str]]) -> dict[int, str]:
     """Rank the preference candidates of earlier iterations (iteration -> its paths) again with `judge`, served,
-    and curate new pairs from them under out_uri/<iteration>; returns iteration -> its new pref-curated root.
-    A pooled update then trains only on the current judge's rankings (preferences.relabel_pool): in runs/t6 the
-    first iteration's judge ranked 5 of 23 caption pairs right, the fourth's 17 of 28."""
+    and curate new pairs from them; returns iteration -> its new pref-curated root. A pooled update then trains
+    only on the current judge's rankings (preferences.relabel_pool): in runs/t6 the first iteration's judge ranked
+    5 of 23 caption pairs right, the fourth's 17 of 28. The output sits under the sampled iteration's
+    pref-relabel/<judge>, so a later update that wants the same samples ranked by the same judge (the other
+    policy's pool, a resume) finds it done."""
     from flywheel import storage
     from flywheel.stages import curate, judgments
 
-    roots = {j: storage.join(out_uri, f"{j:03d}") for j in sorted(earlier)}
+    roots = {j: storage.join(earlier[j]["pref-relabel"], re.sub(r"[^A-Za-z0-9._-]+", "-", judge).strip("-"))
+             for j in sorted(earlier)}
     with served_judge(start, judge) as deployed:
         log.info("relabel: judge %s ranks the samples of iterations %s again", deployed.served.version,
                  sorted(earlier))
-        c = judge_config(start, deployed.openai_base_url)
+        c = judge_config(start, deployed.openai_base_url, judge)
         for j, root in roots.items():
             pj = earlier[j]
             # no tracker: the iteration's own labeling metrics stay those of its own samples

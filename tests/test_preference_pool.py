@@ -122,9 +122,9 @@ def test_a_due_pool_has_the_current_judge_rank_the_earlier_iterations_again(tmp_
         _iteration_with_pairs(cfg, n, 8, 4, judge=judge)
     calls = []
 
-    def relabel(start, judge, earlier, out_uri):
-        calls.append((judge, sorted(earlier), out_uri))
-        new = {j: storage.join(out_uri, f"{j:03d}", "pref-curated") for j in earlier}
+    def relabel(start, judge, earlier):
+        calls.append((judge, sorted(earlier)))
+        new = {j: storage.join(earlier[j]["pref-relabel"], "models-judge-9", "pref-curated") for j in earlier}
         for j, root in new.items():  # the current judge keeps 5 of an iteration's 8 pairs
             write_synthetic(storage.join(root, "dpo"), "dpo", 5, size=30 + j, seed=j, target="policy")
         return new
@@ -138,13 +138,13 @@ def test_a_due_pool_has_the_current_judge_rank_the_earlier_iterations_again(tmp_
     # the text pool (24 pairs) is due, the image pool (11) is not: iterations 0 and 1 are ranked again for the text
     # pool, whose 5 + 5 + 8 pairs then fall short of 20 and wait
     _train_and_gate_policies(start, cfg, p, {"dpo": 1}, 2, None, lambda name: contextlib.nullcontext(), res)
-    assert calls == [("models:/judge/9", [0, 1], p["pref-relabel"])]
+    assert calls == [("models:/judge/9", [0, 1])]
     assert res.pools == {"policy": {"pairs": 18, "needs": 20, "iterations": [0, 1, 2]},
                          "generator": {"pairs": 11, "needs": 13, "iterations": [0, 1, 2]}} and res.decisions == []
     pooled = read_manifest(storage.join(p["pref-pool"], "dpo"))
-    assert [u.path for u in pooled.upstream] == [storage.join(p["pref-relabel"], "000", "pref-curated", "dpo"),
-                                                 storage.join(p["pref-relabel"], "001", "pref-curated", "dpo"),
-                                                 storage.join(p["pref-curated"], "dpo")]
+    assert [u.path for u in pooled.upstream] == [
+        *(storage.join(paths(cfg, j)["pref-relabel"], "models-judge-9", "pref-curated", "dpo") for j in (0, 1)),
+        storage.join(p["pref-curated"], "dpo")]
     assert res.relabeled[0] == {"judge": "judge@old", "before": {"all/right": 0.0, "all/tie": 0.0, "all/wrong": 1.0},
                                 "after": {"all/right": 1.0, "all/tie": 0.0, "all/wrong": 0.0}}
     summary = {"iteration": 2, "decisions": [], "pools": res.pools, "relabeled": {"0": res.relabeled[0]},

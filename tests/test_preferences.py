@@ -79,7 +79,7 @@ def test_candidates_are_judged_through_serve_by_the_champion(pcfg, zoo):
         with _iteration(pcfg) as (tracker, stage, res):
             out = make_preferences(pcfg, pcfg, p, 0, tracker, stage, res)
         # a later iteration's judge ranks these samples again (preferences.relabel_pool): served the same way
-        relabeled = relabel(pcfg, version, {0: p}, p["pref-relabel"])
+        relabeled = relabel(pcfg, version, {0: p})
     finally:
         with contextlib.suppress(Exception):
             serve.shutdown()
@@ -94,10 +94,12 @@ def test_candidates_are_judged_through_serve_by_the_champion(pcfg, zoo):
     assert all(j["parse_error"] and j["score"] is None and j["raw_output"] is not None for j in labels)
     assert read_manifest(out["pairs"].path).row_count == 0  # unparsed ratings never make pairs
     assert res.pairs_vs_oracle == {}  # nothing to grade
-    again = read_rows(f"{p['pref-relabel']}/000/pref-labels")
+    # beside the sampled iteration's own data, under the judge's name: another update wanting it finds it done
+    (root,) = [d for d in os.listdir(p["pref-relabel"])]
+    assert relabeled == {0: os.path.join(p["pref-relabel"], root, "pref-curated")} and "judge" in root
+    again = read_rows(os.path.join(p["pref-relabel"], root, "pref-labels"))
     assert sorted(j["candidate_ids"][0] for j in again) == sorted(c["candidate_id"] for c in cands)
     assert all(j["judge"].startswith("http:") and j["judge"].endswith("@" + version) for j in again)
-    assert relabeled == {0: f"{p['pref-relabel']}/000/pref-curated"}
     assert read_manifest(f"{relabeled[0]}/pairs").row_count == 0 == read_manifest(f"{relabeled[0]}/dpo").row_count
 
     # the oracle grading of pairs (flywheel/worlds/shapes/pair_check.py) reads the stage's own datasets: one
@@ -144,3 +146,16 @@ def test_policy_candidates_sample_at_the_preference_temperature():
     assert hot.policy.generation.temperature == 1.3
     assert sampling_config(cfg).candidates.samples_per_prompt == 6
     assert sampling_config(cfg).candidates.seeded_variants == 0  # the policies' own samples only
+
+
+def test_labels_through_serve_are_keyed_by_the_served_judge_not_the_iterations_start():
+    """A relabel by judge X of an earlier iteration's samples is up to date for any later iteration that serves X,
+    whichever judge that iteration started from, and never for another judge."""
+    from flywheel.preferences import judge_config
+    from flywheel.stages.judgments import stage_hash
+
+    url = "http://127.0.0.1:8000/v1"
+    a = load_config(None, ["models.judge.path=models:/judge/6"])
+    b = load_config(None, ["models.judge.path=models:/judge/8"])
+    assert stage_hash(judge_config(a, url, "models:/judge/8"), "judge") == stage_hash(
+        judge_config(b, url, "models:/judge/8"), "judge") != stage_hash(judge_config(b, url, "models:/judge/9"), "judge")
