@@ -130,9 +130,11 @@ def test_a_due_pool_has_the_current_judge_rank_the_earlier_iterations_again(tmp_
         return new
 
     monkeypatch.setattr("flywheel.preferences.relabel", relabel)
-    monkeypatch.setattr("flywheel.preferences.pairs_vs_oracle",
-                        lambda cfg, p: {"all/right": 1.0, "all/tie": 0.0, "all/wrong": 0.0}
-                        if "pref-relabel" in p["pref-curated"] else {"all/right": 0.0, "all/tie": 0.0, "all/wrong": 1.0})
+    def graded(cfg, p):  # every relabeled pair right, every first one wrong
+        right = "pref-relabel" in p["pref-curated"]
+        return {"all/right": float(right), "all/tie": 0.0, "all/wrong": float(not right)}
+
+    monkeypatch.setattr("flywheel.preferences.pairs_vs_oracle", graded)
     p, start = paths(cfg, 2), with_models(cfg, **_record(2).start)
     res = IterationResult(2, "", models={"preference_judge": "models:/judge/9"})
     # the text pool (24 pairs) is due, the image pool (11) is not: iterations 0 and 1 are ranked again for the text

@@ -157,5 +157,7 @@ def test_labels_through_serve_are_keyed_by_the_served_judge_not_the_iterations_s
     url = "http://127.0.0.1:8000/v1"
     a = load_config(None, ["models.judge.path=models:/judge/6"])
     b = load_config(None, ["models.judge.path=models:/judge/8"])
-    assert stage_hash(judge_config(a, url, "models:/judge/8"), "judge") == stage_hash(
-        judge_config(b, url, "models:/judge/8"), "judge") != stage_hash(judge_config(b, url, "models:/judge/9"), "judge")
+    def labels_hash(cfg, served):
+        return stage_hash(judge_config(cfg, url, served), "judge")
+
+    assert labels_hash(a, "models:/judge/8") == labels_hash(b, "models:/judge/8") != labels_hash(b, "models:/judge/9")
