@@ -135,6 +135,8 @@ def test_a_due_pool_has_the_current_judge_rank_the_earlier_iterations_again(tmp_
         return {"all/right": float(right), "all/tie": 0.0, "all/wrong": float(not right)}
 
     monkeypatch.setattr("flywheel.preferences.pairs_vs_oracle", graded)
+    # the pool as first ranked (24 pairs) would be due: training it is the failure this test exists for
+    monkeypatch.setattr("flywheel.train.api.train", lambda *a, **k: pytest.fail("trained the pool as first ranked"))
     p, start = paths(cfg, 2), with_models(cfg, **_record(2).start)
     res = IterationResult(2, "", models={"preference_judge": "models:/judge/9"})
     # the text pool (24 pairs) is due, the image pool (11) is not: iterations 0 and 1 are ranked again for the text
