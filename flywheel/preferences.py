@@ -12,7 +12,7 @@ from contextlib import contextmanager
 
 import mlflow
 
-from flywheel import gate
+from flywheel import gate, storage
 from flywheel.config import Config
 
 log = logging.getLogger(__name__)
@@ -100,7 +100,6 @@ def relabel(start: Config, judge: str, earlier: dict[int, dict[str, str]]) -> di
     5 of 23 caption pairs right, the fourth's 17 of 28. The output sits under the sampled iteration's
     pref-relabel/<judge>, so a later update that wants the same samples ranked by the same judge (the other
     policy's pool, a resume) finds it done."""
-    from flywheel import storage
     from flywheel.stages import curate, judgments
 
     roots = {j: storage.join(earlier[j]["pref-relabel"], re.sub(r"[^A-Za-z0-9._-]+", "-", judge).strip("-"))
