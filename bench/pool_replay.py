@@ -38,6 +38,8 @@ def main() -> None:
     ap.add_argument("--config", default="configs/local.yaml")
     ap.add_argument("--workdir", default="runs/bench-pool-replay")
     ap.add_argument("--models-from", default=None, help="copy this models/ cache into the workdir first")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="sets",
+                    help="a config override for every training run, e.g. train.policy_dpo.methods=[dpo_sft]")
     a = ap.parse_args()
     workdir = os.path.abspath(a.workdir)  # Ray Train workers run elsewhere: every path absolute
     if a.models_from and not os.path.exists(f"{workdir}/models"):
@@ -51,7 +53,7 @@ def main() -> None:
         print(f"{len(rows)} pairs with margin >= {a.min_margin:g}")
     start = evaluate_policy_ref(cfg, a.base).metrics["accuracy"]
     for seed in [int(s) for s in a.seeds.split(",")]:
-        c = load_config(a.config, [f"run.workdir={workdir}", f"train.seed={seed}"])
+        c = load_config(a.config, [f"run.workdir={workdir}", f"train.seed={seed}", *a.sets])
         res = train(c, "policy_dpo", data, base=a.base, tracker=Tracker(c), iteration=0)
         f = res.final
         gate = start if f.get("heldout.refused") else evaluate_policy_ref(cfg, res.model_uri).metrics["accuracy"]

@@ -14,6 +14,8 @@ import mlflow
 
 from flywheel import gate, storage
 from flywheel.config import Config
+from flywheel.datasets import Manifest, MissingManifest, read_manifest
+from flywheel.stages.runner import up_to_date
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +50,31 @@ def judge_config(cfg: Config, base_url: str, judge_ref: str) -> Config:
     return c
 
 
+def label_served(start: Config, judge: str, jobs: list[tuple[str, str, str]], tracker=None) -> dict[str, Manifest]:
+    """Judge each (prompts, candidates, output) job's candidates with `judge` served on Ray Serve; returns each
+    output's manifest. The judge is deployed only if some output is not up to date, so a resume that finds every
+    label done (by the manifests: judgments.run verifies the data when it runs) starts no Serve app."""
+    from flywheel.stages import judgments
+
+    def done(c: Config, prompts: str, candidates: str, output: str) -> Manifest | None:
+        try:
+            upstream = [read_manifest(prompts), read_manifest(candidates)]
+        except MissingManifest:
+            return None
+        return up_to_date(output, judgments.stage_hash(c, "judge", served=True), upstream)
+
+    out = {o: done(judge_config(start, "", judge), pr, ca, o) for pr, ca, o in jobs}
+    if all(m is not None for m in out.values()):
+        log.info("preference labels by %s: all %d up to date; the judge is not deployed", judge, len(jobs))
+        return out
+    with served_judge(start, judge) as deployed:
+        log.info("preference labels: judge %s served at %s", deployed.served.version, deployed.url)
+        c = judge_config(start, deployed.openai_base_url, judge)
+        for pr, ca, o in jobs:
+            out[o] = judgments.run(c, pr, ca, o, "judge", tracker, served=True).manifest
+    return out
+
+
 def sampling_config(start: Config) -> Config:
     """The config the preference prompts and the policies' candidates are made with (cfg.preferences)."""
     c = start.model_copy(deep=True)
@@ -60,7 +87,7 @@ def sampling_config(start: Config) -> Config:
 
 def make_preferences(start: Config, cfg: Config, p: dict[str, str], n: int, tracker, stage, res) -> dict:
     """Run the preference stages of iteration n; returns the curated manifests (dpo, image_pref, pairs)."""
-    from flywheel.stages import candidates, curate, judgments, prompts
+    from flywheel.stages import candidates, curate, prompts
 
     judge = gate.champion_of(cfg, cfg.train.registry.judge)
     if judge is None:
@@ -76,11 +103,8 @@ def make_preferences(start: Config, cfg: Config, p: dict[str, str], n: int, trac
         res.counts["pref_candidates"] = candidates.run(sampling, p["pref-prompts"], p["pref-candidates"],
                                                        tracker).manifest.row_count
     with stage("preference-labels"):
-        with served_judge(start, judge) as deployed:
-            log.info("preference labels: judge %s served at %s", deployed.served.version, deployed.url)
-            labels = judgments.run(judge_config(start, deployed.openai_base_url, judge), p["pref-prompts"],
-                                   p["pref-candidates"], p["pref-labels"], "judge", tracker)
-        res.counts["pref_labels"] = labels.manifest.row_count
+        labels = label_served(start, judge, [(p["pref-prompts"], p["pref-candidates"], p["pref-labels"])], tracker)
+        res.counts["pref_labels"] = labels[p["pref-labels"]].row_count
     with stage("curate-policy"):
         out = curate.run_policy(start, p["pref-labels"], p["pref-prompts"], p["pref-candidates"], p["pref-curated"],
                                 tracker)
@@ -100,20 +124,17 @@ def relabel(start: Config, judge: str, earlier: dict[int, dict[str, str]]) -> di
     5 of 23 caption pairs right, the fourth's 17 of 28. The output sits under the sampled iteration's
     pref-relabel/<judge>, so a later update that wants the same samples ranked by the same judge (the other
     policy's pool, a resume) finds it done."""
-    from flywheel.stages import curate, judgments
+    from flywheel.stages import curate
 
     roots = {j: storage.join(earlier[j]["pref-relabel"], re.sub(r"[^A-Za-z0-9._-]+", "-", judge).strip("-"))
              for j in sorted(earlier)}
-    with served_judge(start, judge) as deployed:
-        log.info("relabel: judge %s ranks the samples of iterations %s again", deployed.served.version,
-                 sorted(earlier))
-        c = judge_config(start, deployed.openai_base_url, judge)
-        for j, root in roots.items():
-            pj = earlier[j]
-            # no tracker: the iteration's own labeling metrics stay those of its own samples
-            judgments.run(c, pj["pref-prompts"], pj["pref-candidates"], storage.join(root, "pref-labels"), "judge")
-            curate.run_policy(start, storage.join(root, "pref-labels"), pj["pref-prompts"], pj["pref-candidates"],
-                              storage.join(root, "pref-curated"))
+    log.info("relabel: judge %s ranks the samples of iterations %s again", judge, sorted(earlier))
+    # no tracker: the iteration's own labeling metrics stay those of its own samples
+    label_served(start, judge, [(earlier[j]["pref-prompts"], earlier[j]["pref-candidates"],
+                                 storage.join(root, "pref-labels")) for j, root in roots.items()])
+    for j, root in roots.items():
+        curate.run_policy(start, storage.join(root, "pref-labels"), earlier[j]["pref-prompts"],
+                          earlier[j]["pref-candidates"], storage.join(root, "pref-curated"))
     return {j: storage.join(root, "pref-curated") for j, root in roots.items()}
 
 

@@ -69,7 +69,7 @@ def test_without_a_champion_nothing_is_ranked(pcfg):
     assert res.counts["pref_skipped_no_champion"] == 1
 
 
-def test_candidates_are_judged_through_serve_by_the_champion(pcfg, zoo):
+def test_candidates_are_judged_through_serve_by_the_champion(pcfg, zoo, monkeypatch):
     from ray import serve
 
     version = _register_champion(pcfg, zoo["judge"])
@@ -101,6 +101,15 @@ def test_candidates_are_judged_through_serve_by_the_champion(pcfg, zoo):
     assert sorted(j["candidate_ids"][0] for j in again) == sorted(c["candidate_id"] for c in cands)
     assert all(j["judge"].startswith("http:") and j["judge"].endswith("@" + version) for j in again)
     assert read_manifest(f"{relabeled[0]}/pairs").row_count == 0 == read_manifest(f"{relabeled[0]}/dpo").row_count
+    # a resume finds every label done by its manifests and deploys nothing (Ray is down by now, too)
+    def no_deploy(*_):
+        raise AssertionError("deployed the judge for labels that were up to date")
+
+    monkeypatch.setattr("flywheel.preferences.served_judge", no_deploy)
+    assert relabel(pcfg, version, {0: p}) == relabeled
+    with _iteration(pcfg) as (tracker, stage, res_again):
+        assert make_preferences(pcfg, pcfg, p, 0, tracker, stage, res_again)["pairs"] == out["pairs"]
+    assert res_again.counts["pref_labels"] == len(labels)
 
     # the oracle grading of pairs (flywheel/worlds/shapes/pair_check.py) reads the stage's own datasets: one
     # colour pair, written as a judge that could parse would have curated it
@@ -154,10 +163,14 @@ def test_labels_through_serve_are_keyed_by_the_served_judge_not_the_iterations_s
     from flywheel.preferences import judge_config
     from flywheel.stages.judgments import stage_hash
 
-    url = "http://127.0.0.1:8000/v1"
     a = load_config(None, ["models.judge.path=models:/judge/6"])
     b = load_config(None, ["models.judge.path=models:/judge/8"])
-    def labels_hash(cfg, served):
-        return stage_hash(judge_config(cfg, url, served), "judge")
+
+    def labels_hash(cfg, served, url="http://127.0.0.1:8000/v1"):
+        return stage_hash(judge_config(cfg, url, served), "judge", served=True)
 
     assert labels_hash(a, "models:/judge/8") == labels_hash(b, "models:/judge/8") != labels_hash(b, "models:/judge/9")
+    # the served judge's address (a node's IP on a cluster) is not part of it; an outside API's is
+    assert labels_hash(a, "models:/judge/8", "http://10.0.0.7:8000/v1") == labels_hash(a, "models:/judge/8")
+    assert (stage_hash(judge_config(a, "http://10.0.0.7:8000/v1", "x"), "judge")
+            != stage_hash(judge_config(a, "http://127.0.0.1:8000/v1", "x"), "judge"))

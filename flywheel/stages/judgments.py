@@ -429,21 +429,28 @@ def log_stats(stats: dict[str, Any]) -> None:
     mlflow.log_dict(stats, "judgments/stats.json")
 
 
-def stage_hash(cfg: Config, role: str) -> str:
-    """The config the role's judgments depend on (judge: also the judge model; the oracle reads `teacher`)."""
+def stage_hash(cfg: Config, role: str, served: bool = False) -> str:
+    """The config the role's judgments depend on (judge: also the judge model; the oracle reads `teacher`).
+    served: the judge is this project's Ray Serve deployment of models.judge.path, reached over HTTP. Its address
+    changes with each deployment (on a cluster it names a node) and says nothing about the labels, so it is left
+    out: a resume finds the labels done without deploying the judge again."""
+    if served:
+        cfg = cfg.model_copy(deep=True)
+        cfg.judge.http.base_url = "served"
     return cfg.stage_hash(f"judgments-{role}")
 
 
 def run(cfg: Config, prompts_uri: str, candidates_uri: str, output_uri: str, role: str = "teacher",
-        tracker: Any = None) -> StageResult:
-    """Judge the candidates of every prompt with the `role` engine (teacher: cfg.teacher; judge: cfg.judge)."""
+        tracker: Any = None, served: bool = False) -> StageResult:
+    """Judge the candidates of every prompt with the `role` engine (teacher: cfg.teacher; judge: cfg.judge);
+    served: see stage_hash."""
     if role not in ROLES:
         raise ValueError(f"role must be one of {ROLES}, got {role!r}")
     result = run_stage(
         f"judgments-{role}", inputs=[prompts_uri, candidates_uri], output=output_uri, kind="judgment",
         core_factory=lambda: JudgmentsCore(cfg, candidates_uri=candidates_uri, role=role),
-        resources=cfg.resources.labeling, batch_size=cfg.judgments.batch_size, stage_hash=stage_hash(cfg, role),
-        limits=cfg.limits, tracker=tracker)
+        resources=cfg.resources.labeling, batch_size=cfg.judgments.batch_size,
+        stage_hash=stage_hash(cfg, role, served), limits=cfg.limits, tracker=tracker)
     if not result.skipped:
         from flywheel.datasets import iter_dataset_rows
 
