@@ -7,6 +7,7 @@ This trains LLaVA DPO again from the pool's start policy on a finished iteration
 
     .venv/bin/python bench/pool_replay.py --pool runs/t7/data/iterations/003/pref-pool/dpo --seeds 1,2,3
         [--min-margin 2] [--base world:policy] [--workdir runs/bench-pool-replay] [--models-from runs/t7/models]
+        [--set train.policy_dpo.methods=[dpo_sft] ...]
 
 Measured 2026-11-26 (docs/results.md, runs/t6 vs runs/t7), seeds 1 / 2 / 3, held-out best and gate accuracy:
 - runs/t7 iteration 3 (iterations 0-2 ranked again by iteration 3's judge, 317 pairs): 0.552 / 0.552 / 0.552,
@@ -14,6 +15,9 @@ Measured 2026-11-26 (docs/results.md, runs/t6 vs runs/t7), seeds 1 / 2 / 3, held
 - runs/t6 iteration 3 (each iteration's pairs as its own judge ranked them, 305 pairs): held-out 0.500 in all
   three, refused (gate: the start's 0.450; the loop's seed 0: refused too);
 - runs/t7 iteration 3 with --min-margin 2 (215 of 317 pairs), seed 0: held-out 0.510, gate 0.442.
+- runs/t7 iteration 3 with an SFT term on the chosen answers (`--set 'train.policy_dpo.methods=[dpo_sft]'
+  --set train.policy_dpo.heldout.on_guard=keep_best`), seed 0: the same as DPO alone, held-out 0.500 -> 0.562
+  (step 125), gate 0.450 -> 0.525; the guard did not fire.
 About 70 s per run on the 2-core box.
 """
 from __future__ import annotations
