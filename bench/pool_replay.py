@@ -1,13 +1,16 @@
-"""Replay a pooled LLaVA update outside the loop: the same pool, other training seeds, or only its confident pairs.
+"""Replay a pooled policy update outside the loop: the same pool, other training seeds, only its confident pairs,
+or its samples ranked by the oracle instead of the judge.
 
 The loop makes one update decision per pool, so one promotion against one refusal says little about the labels.
-This trains LLaVA DPO again from the pool's start policy on a finished iteration's pooled pairs
-(<workdir>/data/iterations/<n>/pref-pool/dpo), through `flywheel.train.train` as the iteration does, with
-`train.seed` set per run, and scores each result on the gate's items (the loop's run.seed, so the same 120).
+This trains the update again from the pool's start model on a finished iteration's pooled pairs
+(<workdir>/data/iterations/<n>/pref-pool/dpo: LLaVA DPO; .../image_pref: SDXL Diffusion-DPO), through
+`flywheel.train.train` as the iteration does, with `train.seed` set per run, and scores each result on the
+gate's items (the loop's run.seed, so the same 120). `--oracle` keeps every pair the oracle world decides and
+orders it as the oracle does (ties dropped): what the same samples give with perfect labels.
 
     .venv/bin/python bench/pool_replay.py --pool runs/t7/data/iterations/003/pref-pool/dpo --seeds 1,2,3
-        [--min-margin 2] [--base world:policy] [--workdir runs/bench-pool-replay] [--models-from runs/t7/models]
-        [--set train.policy_dpo.methods=[dpo_sft] ...]
+        [--min-margin 2] [--oracle] [--base world:policy] [--workdir runs/bench-pool-replay]
+        [--models-from runs/t7/models] [--set train.policy_dpo.methods=[dpo_sft] ...]
 
 Measured 2026-11-26 (docs/results.md, runs/t6 vs runs/t7), seeds 1 / 2 / 3, held-out best and gate accuracy:
 - runs/t7 iteration 3 (iterations 0-2 ranked again by iteration 3's judge, 317 pairs): 0.552 / 0.552 / 0.552,
@@ -18,27 +21,76 @@ Measured 2026-11-26 (docs/results.md, runs/t6 vs runs/t7), seeds 1 / 2 / 3, held
 - runs/t7 iteration 3 with an SFT term on the chosen answers (`--set 'train.policy_dpo.methods=[dpo_sft]'
   --set train.policy_dpo.heldout.on_guard=keep_best`), seed 0: the same as DPO alone, held-out 0.500 -> 0.562
   (step 125), gate 0.450 -> 0.525; the guard did not fire.
-About 70 s per run on the 2-core box.
+- SDXL, runs/t7 iteration 4's pool (iterations 0-4, 397 pairs; in the loop the held-out check refused it, 5.23 ->
+  5.02-5.15): with `--oracle` (390 pairs decided, 120 of them reversed), seed 0: held-out 5.230 -> 5.461 (step
+  100), gate score10 4.586 -> 4.819, Wilcoxon 61 better / 53 worse, p=0.104; seed 1: 5.230 -> 5.323 (step 50),
+  gate 4.586 -> 4.677, 56 / 57, p=0.422; seed 0 with train.diffusion_dpo.max_steps=250: the best state stays
+  step 100's (5.422-5.440 after it). The 87 image pairs of runs/t7's nine iterations with a margin >= 2 (90%
+  right by the oracle): held-out 5.230 -> 4.911 / 4.955 at steps 50 / 100, refused (it fits them: implicit
+  reward accuracy on its held-out pairs 0.96).
+About 70 s per LLaVA run and 60-110 s per SDXL run on the 2-core box.
 """
 from __future__ import annotations
 
 import argparse
+import glob
 import os
 import shutil
 
 from flywheel.config import load_config
-from flywheel.datasets import read_rows, write_dataset
-from flywheel.evaluate.downstream import evaluate_policy_ref
+from flywheel.datasets import iter_dataset_rows, read_manifest, read_rows, write_dataset
+from flywheel.evaluate.downstream import evaluate_generator_ref, evaluate_policy_ref
+from flywheel.gate import paired_items
 from flywheel.track import Tracker
 from flywheel.train.api import train
+from flywheel.worlds.shapes.pair_check import NoGroundTruth, oracle_value
+
+# pool kind -> (training, start model, gate evaluation, its metric)
+KINDS = {"dpo": ("policy_dpo", "world:policy", evaluate_policy_ref, "accuracy"),
+         "image_pref": ("diffusion_dpo", "world:generator", evaluate_generator_ref, "score10")}
+
+
+def order_by(rows: list[dict], value) -> tuple[list[dict], int]:
+    """(the pairs `value` decides, chosen = the sample it values higher; how many were reversed). `value` maps a
+    row and one of its source ids (chosen, rejected) to a number, or raises NoGroundTruth: that pair is dropped,
+    as is a tie."""
+    out, swapped = [], 0
+    for r in rows:
+        try:
+            a, b = (value(r, i) for i in r["source_ids"])
+        except NoGroundTruth:
+            continue
+        if a < b:
+            swapped += 1
+            r = {**r, "chosen": r["rejected"], "rejected": r["chosen"], "chosen_score": r["rejected_score"],
+                 "rejected_score": r["chosen_score"], "source_ids": r["source_ids"][::-1]}
+        if a != b:
+            out.append(r)
+    return out, swapped
+
+
+def oracle_ranked(rows: list[dict], pool: str, world) -> list[dict]:
+    """order_by the oracle world's value of each sample. Prompts and candidates are read from every iteration of
+    the pool's workdir."""
+    iterations = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(pool))))
+    ids = {i for r in rows for i in r["source_ids"]}
+    prompts, cands = {}, {}
+    for it in sorted(glob.glob(f"{iterations}/*/pref-candidates")):
+        prompts |= {r["prompt_id"]: r for r in iter_dataset_rows(f"{os.path.dirname(it)}/pref-prompts")}
+        cands |= {r["candidate_id"]: r for r in iter_dataset_rows(it) if r["candidate_id"] in ids}
+    out, swapped = order_by(rows, lambda r, i: oracle_value(prompts[r["prompt_id"]], cands[i], world))
+    print(f"oracle: {len(out)} of {len(rows)} pairs decided, {swapped} of them reversed")
+    return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--pool", required=True, help="a pooled dpo dataset, e.g. <workdir>/data/iterations/3/...")
+    ap.add_argument("--pool", required=True, help="a pooled dataset, <workdir>/data/iterations/<n>/pref-pool/<kind>")
     ap.add_argument("--seeds", default="0", help="training seeds, comma-separated")
     ap.add_argument("--min-margin", type=float, default=None, help="keep only pairs with at least this margin")
-    ap.add_argument("--base", default="world:policy", help="the policy the pool's update started from")
+    ap.add_argument("--oracle", action="store_true", help="order the pairs as the oracle does (ties dropped)")
+    ap.add_argument("--base", default=None, help="the model the pool's update started from (default: the "
+                    "world's base policy or generator)")
     ap.add_argument("--config", default="configs/local.yaml")
     ap.add_argument("--workdir", default="runs/bench-pool-replay")
     ap.add_argument("--models-from", default=None, help="copy this models/ cache into the workdir first")
@@ -50,20 +102,30 @@ def main() -> None:
         shutil.copytree(a.models_from, f"{workdir}/models")
     cfg = load_config(a.config, [f"run.workdir={workdir}"])
     data = os.path.abspath(a.pool)
-    if a.min_margin is not None:
-        rows = [r for r in read_rows(data) if r["margin"] >= a.min_margin]
-        data = f"{workdir}/data/pool-margin-{a.min_margin:g}"
-        write_dataset(data, "dpo", rows, config_hash="bench", producer="bench/pool_replay.py")
-        print(f"{len(rows)} pairs with margin >= {a.min_margin:g}")
-    start = evaluate_policy_ref(cfg, a.base).metrics["accuracy"]
+    kind = read_manifest(data).kind
+    training, base, evaluate, metric = KINDS[kind]
+    base = a.base or base
+    if a.min_margin is not None or a.oracle:
+        rows = [r for r in read_rows(data) if a.min_margin is None or r["margin"] >= a.min_margin]
+        rows = oracle_ranked(rows, data, cfg.world.shapes) if a.oracle else rows
+        data = f"{workdir}/data/pool-{kind}-margin-{a.min_margin or 0:g}{'-oracle' if a.oracle else ''}"
+        write_dataset(data, kind, rows, config_hash="bench", producer="bench/pool_replay.py")
+        print(f"{len(rows)} pairs" + (f" with margin >= {a.min_margin:g}" if a.min_margin is not None else ""))
+    start = evaluate(cfg, base)
     for seed in [int(s) for s in a.seeds.split(",")]:
         c = load_config(a.config, [f"run.workdir={workdir}", f"train.seed={seed}", *a.sets])
-        res = train(c, "policy_dpo", data, base=a.base, tracker=Tracker(c), iteration=0)
+        res = train(c, training, data, base=base, tracker=Tracker(c), iteration=0)
         f = res.final
-        gate = start if f.get("heldout.refused") else evaluate_policy_ref(cfg, res.model_uri).metrics["accuracy"]
-        print(f"seed {seed}: held-out {f.get('heldout.start_value'):.3f} -> best {f.get('heldout.best_value'):.3f}"
-              f" (step {f.get('heldout.best_step')}), {'refused' if f.get('heldout.refused') else 'kept'}; "
-              f"gate accuracy {start:.3f} -> {gate:.3f}")
+        line = (f"seed {seed}: " + (f"the same training as {res.model_uri} (reused)" if res.reused else
+                f"held-out {f['heldout.start_value']:.3f} -> best {f['heldout.best_value']:.3f} (step "
+                f"{f['heldout.best_step']}), {'refused' if f['heldout.refused'] else 'kept'}") +
+                f"; gate {metric} {start.metrics[metric]:.3f} -> ")
+        if f.get("heldout.refused"):
+            print(line + f"{start.metrics[metric]:.3f} (the start kept)")
+            continue
+        after = evaluate(cfg, res.model_uri)
+        test, better, worse, p = paired_items(after.per_item[metric], start.per_item[metric])  # the gate's test
+        print(line + f"{after.metrics[metric]:.3f}, {test} {better} better / {worse} worse, p={p:.3f}")
 
 
 if __name__ == "__main__":

@@ -10,4 +10,30 @@ from flywheel.config import REPO_ROOT
 def test_the_replay_bench_loads_and_documents_its_options():
     out = subprocess.run([sys.executable, str(REPO_ROOT / "bench" / "pool_replay.py"), "--help"], capture_output=True,
                          text=True, check=True, cwd=REPO_ROOT).stdout
-    assert all(opt in out for opt in ("--pool", "--seeds", "--min-margin", "--base", "--models-from"))
+    assert all(opt in out for opt in ("--pool", "--seeds", "--min-margin", "--oracle", "--base", "--models-from",
+                                      "--set"))
+
+
+def test_oracle_ordering_reverses_wrong_pairs_and_drops_ties_and_pairs_it_cannot_decide():
+    import importlib.util
+
+    from flywheel.worlds.shapes.assess import NoGroundTruth
+
+    spec = importlib.util.spec_from_file_location("pool_replay", REPO_ROOT / "bench" / "pool_replay.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    values = {"a": 5.0, "b": 2.0, "c": 3.0, "d": 3.0}
+
+    def value(_row, cid):
+        if cid == "x":
+            raise NoGroundTruth("no scene")
+        return values[cid]
+
+    def pair(chosen, rejected):
+        return {"source_ids": [chosen, rejected], "chosen": f"img {chosen}", "rejected": f"img {rejected}",
+                "chosen_score": 4.0, "rejected_score": 1.0}
+
+    out, swapped = bench.order_by([pair("a", "b"), pair("b", "a"), pair("c", "d"), pair("a", "x")], value)
+    assert swapped == 1
+    assert [(r["source_ids"], r["chosen"], r["chosen_score"]) for r in out] == [
+        (["a", "b"], "img a", 4.0), (["a", "b"], "img a", 1.0)]  # the reversed pair keeps its judge's scores
