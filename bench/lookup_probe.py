@@ -23,6 +23,9 @@ Measured 2026-11-25 (2 layers x 128, the zoo's size, batch 32, lr 1e-3, 200 held
   the same, colour 0.51. Colour alone at lr 3e-3 (200 warm-up steps): 0.42-0.47 through 2,250 steps; every
   object asked in one row ("The square is blue. The circle is red."): 0.48-0.53 through 1,500 steps; 2 layers x
   256, colour alone: 0.42-0.48 through 4,000 steps; 4 layers x 256, mixed: colour 0.43-0.50 through 2,000 steps.
+Colour alone, 3,000 steps, other settings (2026-11-26): 3 layers 0.44 / 0.45 / 0.40 at steps 1,000 / 2,000 /
+3,000 (84 s); lr 3e-4 0.48 / 0.49 / 0.49 (64 s); lr 2e-3 with 300 warm-up steps 0.44 / 0.48 / 0.38 (65 s): none
+formed the look-up sooner.
 The base LLaVA's SFT gives colour questions ~300 of its 1,500 steps (faults.caption_share 0.4): over an order of
 magnitude fewer than the text-only model needs to look a colour up, and then only 0.7 of the time. With vision,
 more question steps did not do it either: world:policy built with policy.steps 8,000 and faults.caption_share
