@@ -49,3 +49,14 @@ def test_only_the_answer_is_trained_on():
     labelled = b["labels"][0][b["labels"][0] != -100].tolist()
     assert tok.decode(labelled) == " red."
     assert b["attention_mask"][1].sum() == len(tok("A blue star and a red square. x")["input_ids"])
+
+
+def test_a_direct_row_asks_the_shape_it_answers_and_a_repeat_row_copies_its_description():
+    rng = random.Random(5)
+    for _ in range(100):
+        context, answer = bench.example(rng, "direct")
+        desc, question = context.split(". What colour is the ")
+        shape = question.split("?")[0]
+        assert context.endswith(f"The {shape}:") and (answer.strip(" ."), shape) in _objects(desc)
+        context, answer = bench.example(rng, "repeat")
+        assert answer == " " + context
