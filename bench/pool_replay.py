@@ -9,8 +9,8 @@ gate's items (the loop's run.seed, so the same 120). `--oracle` keeps every pair
 orders it as the oracle does (ties dropped): what the same samples give with perfect labels.
 
     .venv/bin/python bench/pool_replay.py --pool runs/t7/data/iterations/003/pref-pool/dpo --seeds 1,2,3
-        [--min-margin 2] [--oracle] [--base world:policy] [--workdir runs/bench-pool-replay]
-        [--models-from runs/t7/models] [--set train.policy_dpo.methods=[dpo_sft] ...]
+        [--pool another pool of the same kind ...] [--min-margin 2] [--oracle] [--base world:policy]
+        [--workdir runs/bench-pool-replay] [--models-from runs/t7/models] [--set train.policy_dpo.methods=[dpo_sft] ...]
 
 Measured 2026-11-26 (docs/results.md, runs/t6 vs runs/t7), seeds 1 / 2 / 3, held-out best and gate accuracy:
 - runs/t7 iteration 3 (iterations 0-2 ranked again by iteration 3's judge, 317 pairs): 0.552 / 0.552 / 0.552,
@@ -27,7 +27,9 @@ Measured 2026-11-26 (docs/results.md, runs/t6 vs runs/t7), seeds 1 / 2 / 3, held
   gate 4.586 -> 4.677, 56 / 57, p=0.422; seed 0 with train.diffusion_dpo.max_steps=250: the best state stays
   step 100's (5.422-5.440 after it). The 87 image pairs of runs/t7's nine iterations with a margin >= 2 (90%
   right by the oracle): held-out 5.230 -> 4.911 / 4.955 at steps 50 / 100, refused (it fits them: implicit
-  reward accuracy on its held-out pairs 0.96).
+  reward accuracy on its held-out pairs 0.96). Both of runs/t7's SDXL pools as the judges ranked them (`--pool
+  .../004/pref-pool/image_pref --pool .../008/pref-pool/image_pref`, 713 pairs), seeds 0 / 1: held-out 5.230 ->
+  5.367 / 5.365 (step 50), gate 4.586 -> 4.624 / 4.735, Wilcoxon p=0.627 / 0.256.
 About 70 s per LLaVA run and 60-110 s per SDXL run on the 2-core box.
 """
 from __future__ import annotations
@@ -85,7 +87,8 @@ def oracle_ranked(rows: list[dict], pool: str, world) -> list[dict]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--pool", required=True, help="a pooled dataset, <workdir>/data/iterations/<n>/pref-pool/<kind>")
+    ap.add_argument("--pool", required=True, action="append", help="a pooled dataset, <workdir>/data/iterations/"
+                    "<n>/pref-pool/<kind>; repeat it to train on several pools of one kind at once")
     ap.add_argument("--seeds", default="0", help="training seeds, comma-separated")
     ap.add_argument("--min-margin", type=float, default=None, help="keep only pairs with at least this margin")
     ap.add_argument("--oracle", action="store_true", help="order the pairs as the oracle does (ties dropped)")
@@ -101,12 +104,15 @@ def main() -> None:
     if a.models_from and not os.path.exists(f"{workdir}/models"):
         shutil.copytree(a.models_from, f"{workdir}/models")
     cfg = load_config(a.config, [f"run.workdir={workdir}"])
-    data = os.path.abspath(a.pool)
-    kind = read_manifest(data).kind
+    pools = [os.path.abspath(p) for p in a.pool]
+    kinds = {read_manifest(p).kind for p in pools}
+    if len(kinds) != 1:
+        raise SystemExit(f"--pool: pools of one kind only, got {sorted(kinds)}")
+    kind, data = kinds.pop(), pools[0]
     training, base, evaluate, metric = KINDS[kind]
     base = a.base or base
-    if a.min_margin is not None or a.oracle:
-        rows = [r for r in read_rows(data) if a.min_margin is None or r["margin"] >= a.min_margin]
+    if a.min_margin is not None or a.oracle or len(pools) > 1:
+        rows = [r for p in pools for r in read_rows(p) if a.min_margin is None or r["margin"] >= a.min_margin]
         rows = oracle_ranked(rows, data, cfg.world.shapes) if a.oracle else rows
         data = f"{workdir}/data/pool-{kind}-margin-{a.min_margin or 0:g}{'-oracle' if a.oracle else ''}"
         write_dataset(data, kind, rows, config_hash="bench", producer="bench/pool_replay.py")
