@@ -218,3 +218,29 @@ def test_base_vlms_pretrain_their_vision_first_and_leave_nothing_behind(cfg, zoo
     assert metrics["vision_seconds"] > 0 and 0 <= metrics["vision/object_cells"] <= 1 and metrics["sft_loss"] > 0
     assert sorted(p.name for p in tmp_path.iterdir()) == [path.name]  # the vision stage's checkpoint is gone
     assert not (path / "vision").exists()
+
+
+def test_look_up_phases_train_one_question_type_each_before_the_faulty_sft(cfg, zoo, small, tmp_path):
+    from flywheel.worlds.shapes.base_policies import policy_dir
+    from flywheel.worlds.shapes.policy_data import question_examples
+
+    looked = small.model_copy(update={"policy_lookup": {"steps": 2, "subtasks": ["iu_color", "iu_existence"]}})
+    looked = BasePoliciesConfig.model_validate(looked.model_dump())
+    # off (steps 0) leaves the folder name of bases built before the phases existed; on names a new base
+    assert policy_dir(zoo["policy"], tmp_path, cfg.world.shapes, small, 0) != policy_dir(
+        zoo["policy"], tmp_path, cfg.world.shapes, looked, 0)
+    path, metrics = build_base_policy(zoo["policy"], tmp_path, cfg.world.shapes, looked, seed=0)
+    assert metrics["iu_color/sft_loss"] > 0 and metrics["iu_existence/sft_loss"] > 0 and metrics["sft_loss"] > 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == [path.name]  # no phase checkpoint left behind
+    assert not any(p.name.startswith("phase-") for p in path.iterdir())
+    import numpy as np
+
+    rows = question_examples(cfg.world.shapes, "iu_existence")(np.random.default_rng(0), 20)
+    answers = {r["completion"][0]["content"][0]["text"] for r in rows}
+    assert answers <= {"Yes.", "No."} and len(answers) == 2  # fault-free: both answers, as the scene says
+    assert all(r["prompt"][0]["content"][1]["text"].startswith("Is there") for r in rows)
+
+
+def test_look_up_phases_name_only_question_sub_tasks():
+    with pytest.raises(ValueError, match="iu_caption"):
+        BasePoliciesConfig(policy_lookup={"steps": 10, "subtasks": ["iu_caption"]})

@@ -22,7 +22,8 @@ from flywheel.models.pretrain_vision import pretrain_vision
 from flywheel.models.pretrain_vlm import pretrain_vlm
 from flywheel.worlds.shapes.config import ShapesWorldConfig
 from flywheel.worlds.shapes.policy_config import BasePoliciesConfig
-from flywheel.worlds.shapes.policy_data import generator_examples, llava_examples, perception_examples, vision_task
+from flywheel.worlds.shapes.policy_data import (generator_examples, llava_examples, perception_examples,
+                                               question_examples, vision_task)
 
 log = logging.getLogger(__name__)
 BASE_VERSION = 1  # bump when the recipe changes (the settings themselves are in the hash)
@@ -47,20 +48,31 @@ def _build(out: Path, train) -> tuple[Path, dict]:
 
 
 def _see_then_talk(zoo: Path, out: Path, task, vision: VisionPretrainConfig, examples,
-                   sft: PolicyPretrainConfig, seed: int) -> dict:
-    """Vision pretraining (skipped at 0 steps), then the VLM SFT from its result."""
-    if not vision.steps:
-        return pretrain_vlm(zoo, out, examples, sft, seed)
-    seen = out / "vision"  # inside the build's temp folder: a killed build's retry removes it with the folder
-    stats = pretrain_vision(zoo, seen, task, vision, seed)
-    stats |= pretrain_vlm(seen, out, examples, sft, seed)
-    shutil.rmtree(seen)
+                   sft: PolicyPretrainConfig, seed: int, phases: tuple = ()) -> dict:
+    """Vision pretraining (skipped at 0 steps), then SFT phases (name, examples, settings) one after another,
+    then the VLM SFT from their result."""
+    stats, start, done = {}, zoo, []
+    if vision.steps:
+        start = out / "vision"  # inside the build's temp folder: a killed build's retry removes it with the folder
+        stats |= pretrain_vision(zoo, start, task, vision, seed)
+        done.append(start)
+    for name, rows, settings in phases:
+        phase = out / f"phase-{name}"
+        log.info("base policy: SFT phase %s (%d steps)", name, settings.steps)
+        stats |= {f"{name}/{k}": v for k, v in pretrain_vlm(start, phase, rows, settings, seed).items()}
+        start = phase
+        done.append(phase)
+    stats |= pretrain_vlm(start, out, examples, sft, seed)
+    for d in done:
+        shutil.rmtree(d)
     return stats
 
 
 def policy_dir(zoo_policy: Path, root: Path, world: ShapesWorldConfig, cfg: BasePoliciesConfig, seed: int) -> Path:
-    key = _hash(world, cfg.faults, cfg.policy_vision, cfg.policy, seed, BASE_VERSION, zoo_policy.name)
-    return root / f"policy-base-{key}"
+    parts = [world, cfg.faults, cfg.policy_vision, cfg.policy, seed, BASE_VERSION, zoo_policy.name]
+    if cfg.policy_lookup.steps:  # left out when off, so that bases built before it existed stay valid
+        parts.append(cfg.policy_lookup)
+    return root / f"policy-base-{_hash(*parts)}"
 
 
 def generator_dir(zoo_generator: Path, root: Path, world: ShapesWorldConfig, cfg: BasePoliciesConfig,
@@ -81,9 +93,13 @@ def build_base_policy(zoo_policy: Path, root: Path, world: ShapesWorldConfig, cf
                       seed: int) -> tuple[Path, dict]:
     """The base LLaVA (cached): the random zoo policy's vision pretrained, then SFT on faulty IU examples."""
     out = policy_dir(zoo_policy, root, world, cfg, seed)
+    look = cfg.policy_lookup
+    phases = tuple((subtask, question_examples(world, subtask),
+                    PolicyPretrainConfig(steps=look.steps, batch_size=32, lr=5e-4, warmup_steps=50, freeze_vision=True))
+                   for subtask in (look.subtasks if look.steps else ()))
     log.info("base policy: LLaVA vision pretraining and SFT → %s", out)
     return _build(out, lambda tmp: _see_then_talk(zoo_policy, tmp, vision_task(world), cfg.policy_vision,
-                                                  llava_examples(world, cfg.faults), cfg.policy, seed))
+                                                  llava_examples(world, cfg.faults), cfg.policy, seed, phases))
 
 
 def build_base_generator(zoo_generator: Path, root: Path, world: ShapesWorldConfig, cfg: BasePoliciesConfig,

@@ -73,6 +73,24 @@ def llava_example(rng: np.random.Generator, world: ShapesWorldConfig, faults: Po
     }
 
 
+def question_examples(world: ShapesWorldConfig, subtask: str):
+    """Fault-free rows of one question sub-task (e.g. iu_color): a look-up phase of the base LLaVA's SFT
+    (BasePoliciesConfig.policy_lookup)."""
+    def make(rng: np.random.Generator, n: int) -> list[dict]:
+        rows = []
+        while len(rows) < n:
+            scene = sample_scene(rng, config=world)
+            posed = iu_question(subtask, scene, rng, PALETTES[world.palette], world.shapes)
+            if posed is not None:
+                rows.append({"images": [render(scene, world.image_size)],
+                             "prompt": [{"role": "user", "content": [{"type": "image"},
+                                                                     {"type": "text", "text": posed[0]}]}],
+                             "completion": [{"role": "assistant", "content": [{"type": "text", "text": posed[1]}]}]})
+        return rows
+
+    return make
+
+
 def llava_examples(world: ShapesWorldConfig, faults: PolicyFaults):
     def make(rng: np.random.Generator, n: int) -> list[dict]:
         return [llava_example(rng, world, faults) for _ in range(n)]
