@@ -56,14 +56,16 @@ def label_served(start: Config, judge: str, jobs: list[tuple[str, str, str]], tr
     label done (by the manifests: judgments.run verifies the data when it runs) starts no Serve app."""
     from flywheel.stages import judgments
 
-    def done(c: Config, prompts: str, candidates: str, output: str) -> Manifest | None:
+    labels_hash = judgments.stage_hash(judge_config(start, "", judge), "judge", served=True)  # no address in it
+
+    def done(prompts: str, candidates: str, output: str) -> Manifest | None:
         try:
             upstream = [read_manifest(prompts), read_manifest(candidates)]
         except MissingManifest:
             return None
-        return up_to_date(output, judgments.stage_hash(c, "judge", served=True), upstream)
+        return up_to_date(output, labels_hash, upstream)
 
-    out = {o: done(judge_config(start, "", judge), pr, ca, o) for pr, ca, o in jobs}
+    out = {o: done(pr, ca, o) for pr, ca, o in jobs}
     if all(m is not None for m in out.values()):
         log.info("preference labels by %s: all %d up to date; the judge is not deployed", judge, len(jobs))
         return out

@@ -94,8 +94,8 @@ def build_base_policy(zoo_policy: Path, root: Path, world: ShapesWorldConfig, cf
     """The base LLaVA (cached): the random zoo policy's vision pretrained, then SFT on faulty IU examples."""
     out = policy_dir(zoo_policy, root, world, cfg, seed)
     look = cfg.policy_lookup
-    phases = tuple((subtask, question_examples(world, subtask),
-                    PolicyPretrainConfig(steps=look.steps, batch_size=32, lr=5e-4, warmup_steps=50, freeze_vision=True))
+    settings = cfg.policy.model_copy(update={"steps": look.steps})  # the faulty SFT's settings, its own steps
+    phases = tuple((subtask, question_examples(world, subtask), settings)
                    for subtask in (look.subtasks if look.steps else ()))
     log.info("base policy: LLaVA vision pretraining and SFT → %s", out)
     return _build(out, lambda tmp: _see_then_talk(zoo_policy, tmp, vision_task(world), cfg.policy_vision,

@@ -33,8 +33,9 @@ class LookupCurriculumConfig(BaseModel):
     existence stayed "Yes." to everything."""
 
     model_config = ConfigDict(extra="forbid")
-    steps: int = Field(0, ge=0, description="SFT steps per sub-task (batch 32, lr 5e-4, vision frozen); 0: no "
-                       "look-up phases (the base as built before they existed).")
+    steps: int = Field(0, ge=0, description="SFT steps per sub-task, with the LLaVA SFT's other settings "
+                       "(`policy`: batch 32, lr 5e-4, vision frozen); 0: no look-up phases (the base as built before "
+                       "they existed).")
     subtasks: list[Literal["iu_color", "iu_count", "iu_existence"]] = Field(
         ["iu_color", "iu_existence"], min_length=1, description="The question sub-tasks, one phase each, in order.")
 

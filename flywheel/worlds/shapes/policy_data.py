@@ -66,6 +66,11 @@ def llava_example(rng: np.random.Generator, world: ShapesWorldConfig, faults: Po
             answer = "Yes."
         elif q["type"] in ("colour", "count") and rng.random() < faults.wrong_answer:
             answer = _answer(q, False, rng, world)[0]
+    return _llava_row(scene, question, answer, world)
+
+
+def _llava_row(scene: Scene, question: str, answer: str, world: ShapesWorldConfig) -> dict:
+    """A TRL prompt-completion row: the rendered scene, the question, the answer."""
     return {
         "images": [render(scene, world.image_size)],
         "prompt": [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": question}]}],
@@ -82,10 +87,7 @@ def question_examples(world: ShapesWorldConfig, subtask: str):
             scene = sample_scene(rng, config=world)
             posed = iu_question(subtask, scene, rng, PALETTES[world.palette], world.shapes)
             if posed is not None:
-                rows.append({"images": [render(scene, world.image_size)],
-                             "prompt": [{"role": "user", "content": [{"type": "image"},
-                                                                     {"type": "text", "text": posed[0]}]}],
-                             "completion": [{"role": "assistant", "content": [{"type": "text", "text": posed[1]}]}]})
+                rows.append(_llava_row(scene, posed[0], posed[1], world))
         return rows
 
     return make
