@@ -1,5 +1,5 @@
-"""Replay a pooled policy update outside the loop: the same pool, other training seeds, only its confident pairs,
-or its samples ranked by the oracle instead of the judge.
+"""Replay a pooled policy update outside the loop: the same pool, other training seeds, only its confident pairs
+or one sub-task's, its samples ranked by the oracle instead of the judge, or perfect question pairs added.
 
 The loop makes one update decision per pool, so one promotion against one refusal says little about the labels.
 This trains the update again from the pool's start model on a finished iteration's pooled pairs
@@ -11,6 +11,7 @@ orders it as the oracle does (ties dropped): what the same samples give with per
     .venv/bin/python bench/pool_replay.py --pool runs/t7/data/iterations/003/pref-pool/dpo --seeds 1,2,3
         [--pool another pool of the same kind ...] [--min-margin 2] [--oracle] [--base world:policy]
         [--workdir runs/bench-pool-replay] [--models-from runs/t7/models] [--set train.policy_dpo.methods=[dpo_sft] ...]
+        [--subtask iu_existence ...] [--perfect iu_existence:1000 ...]   (--perfect alone needs no --pool)
 
 Measured 2026-11-26 (docs/results.md, runs/t6 vs runs/t7), seeds 1 / 2 / 3, held-out best and gate accuracy:
 - runs/t7 iteration 3 (iterations 0-2 ranked again by iteration 3's judge, 317 pairs): 0.552 / 0.552 / 0.552,
@@ -36,8 +37,11 @@ from __future__ import annotations
 
 import argparse
 import glob
+import json
 import os
 import shutil
+
+import numpy as np
 
 from flywheel.config import load_config
 from flywheel.datasets import iter_dataset_rows, read_manifest, read_rows, write_dataset
@@ -45,7 +49,13 @@ from flywheel.evaluate.downstream import evaluate_generator_ref, evaluate_policy
 from flywheel.gate import paired_items
 from flywheel.track import Tracker
 from flywheel.train.api import train
+from flywheel.images import to_png_bytes
 from flywheel.worlds.shapes.pair_check import NoGroundTruth, oracle_value
+from flywheel.worlds.shapes.policy_data import posed_answer
+from flywheel.worlds.shapes.render import render
+from flywheel.worlds.shapes.scene import sample_scene
+from flywheel.worlds.shapes.suites import iu_question
+from flywheel.worlds.shapes.vocab import PALETTES
 
 # pool kind -> (training, start model, gate evaluation, its metric)
 KINDS = {"dpo": ("policy_dpo", "world:policy", evaluate_policy_ref, "accuracy"),
@@ -85,12 +95,36 @@ def oracle_ranked(rows: list[dict], pool: str, world) -> list[dict]:
     return out
 
 
+def perfect_pairs(world, subtask: str, n: int, seed: int = 12345) -> list[dict]:
+    """`n` pool rows of one question sub-task (iu_color, iu_count, iu_existence) on fresh scenes: the right answer
+    chosen over a wrong one. Not the policy's samples: what a pool of this sub-task could teach at best."""
+    rng, rows = np.random.default_rng(seed), []
+    while len(rows) < n:
+        scene = sample_scene(rng, config=world)
+        posed = iu_question(subtask, scene, rng, PALETTES[world.palette], world.shapes)
+        if posed is None:
+            continue
+        question, right, q = posed
+        wrong = posed_answer(q, False, rng, world)[0]
+        say = lambda text: json.dumps([{"role": "assistant", "content": [{"type": "text", "text": text}]}])  # noqa
+        rows.append({"target": "policy", "images": [to_png_bytes(render(scene, world.image_size))],
+                     "prompt": json.dumps([{"role": "user", "content": [{"type": "image"},
+                                                                         {"type": "text", "text": question}]}]),
+                     "chosen": say(right), "rejected": say(wrong), "chosen_score": 1.0, "rejected_score": 0.0,
+                     "margin": 1.0, "protocol": None, "subtask": subtask, "source_ids": [],
+                     "meta": json.dumps({"labels": "oracle", "question": q}, default=int)})
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--pool", required=True, action="append", help="a pooled dataset, <workdir>/data/iterations/"
+    ap.add_argument("--pool", action="append", default=[], help="a pooled dataset, <workdir>/data/iterations/"
                     "<n>/pref-pool/<kind>; repeat it to train on several pools of one kind at once")
+    ap.add_argument("--perfect", action="append", default=[], metavar="SUBTASK:N", help="add N perfect pairs of "
+                    "a question sub-task (right answer over a wrong one, fresh scenes), e.g. iu_existence:1000")
     ap.add_argument("--seeds", default="0", help="training seeds, comma-separated")
     ap.add_argument("--min-margin", type=float, default=None, help="keep only pairs with at least this margin")
+    ap.add_argument("--subtask", action="append", default=None, help="keep only this sub-task's pairs (repeatable)")
     ap.add_argument("--oracle", action="store_true", help="order the pairs as the oracle does (ties dropped)")
     ap.add_argument("--base", default=None, help="the model the pool's update started from (default: the "
                     "world's base policy or generator)")
@@ -105,16 +139,23 @@ def main() -> None:
         shutil.copytree(a.models_from, f"{workdir}/models")
     cfg = load_config(a.config, [f"run.workdir={workdir}"])
     pools = [os.path.abspath(p) for p in a.pool]
-    kinds = {read_manifest(p).kind for p in pools}
+    kinds = {read_manifest(p).kind for p in pools} | ({"dpo"} if a.perfect else set())
     if len(kinds) != 1:
-        raise SystemExit(f"--pool: pools of one kind only, got {sorted(kinds)}")
-    kind, data = kinds.pop(), pools[0]
+        raise SystemExit(f"--pool / --perfect: pairs of one kind only, got {sorted(kinds) or 'none'}")
+    kind, data = kinds.pop(), (pools or [None])[0]
+    if a.oracle and not pools:
+        raise SystemExit("--oracle orders pooled samples: give a --pool")
     training, base, evaluate, metric = KINDS[kind]
     base = a.base or base
-    if a.min_margin is not None or a.oracle or len(pools) > 1:
-        rows = [r for p in pools for r in read_rows(p) if a.min_margin is None or r["margin"] >= a.min_margin]
+    if a.min_margin is not None or a.oracle or a.subtask or a.perfect or len(pools) > 1:
+        rows = [r for p in pools for r in read_rows(p) if (a.min_margin is None or r["margin"] >= a.min_margin)
+                and (not a.subtask or r["subtask"] in a.subtask)]
         rows = oracle_ranked(rows, data, cfg.world.shapes) if a.oracle else rows
-        data = f"{workdir}/data/pool-{kind}-margin-{a.min_margin or 0:g}{'-oracle' if a.oracle else ''}"
+        for spec in a.perfect:
+            subtask, _, n = spec.partition(":")
+            rows += perfect_pairs(cfg.world.shapes, subtask, int(n))
+        data = (f"{workdir}/data/pool-{kind}-margin-{a.min_margin or 0:g}{'-oracle' if a.oracle else ''}"
+                + "".join(f"-{s}" for s in [*(a.subtask or ()), *a.perfect]).replace(":", ""))
         write_dataset(data, kind, rows, config_hash="bench", producer="bench/pool_replay.py")
         print(f"{len(rows)} pairs" + (f" with margin >= {a.min_margin:g}" if a.min_margin is not None else ""))
     start = evaluate(cfg, base)
@@ -132,6 +173,8 @@ def main() -> None:
         after = evaluate(cfg, res.model_uri)
         test, better, worse, p = paired_items(after.per_item[metric], start.per_item[metric])  # the gate's test
         print(line + f"{after.metrics[metric]:.3f}, {test} {better} better / {worse} worse, p={p:.3f}")
+        print("  by kind: " + ", ".join(f"{k} {start.metrics[k]:.3f} -> {v:.3f}" for k, v in after.metrics.items()
+                                        if k.startswith(f"{metric}/") or k == "caption_hallucination_rate"))
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ def test_the_replay_bench_loads_and_documents_its_options():
     out = subprocess.run([sys.executable, str(REPO_ROOT / "bench" / "pool_replay.py"), "--help"], capture_output=True,
                          text=True, check=True, cwd=REPO_ROOT).stdout
     assert all(opt in out for opt in ("--pool", "--seeds", "--min-margin", "--oracle", "--base", "--models-from",
-                                      "--set"))
+                                      "--set", "--subtask", "--perfect"))
 
 
 def test_oracle_ordering_reverses_wrong_pairs_and_drops_ties_and_pairs_it_cannot_decide():
@@ -37,3 +37,28 @@ def test_oracle_ordering_reverses_wrong_pairs_and_drops_ties_and_pairs_it_cannot
     assert swapped == 1
     assert [(r["source_ids"], r["chosen"], r["chosen_score"]) for r in out] == [
         (["a", "b"], "img a", 4.0), (["a", "b"], "img a", 1.0)]  # the reversed pair keeps its judge's scores
+
+
+def test_perfect_pairs_are_valid_pool_rows_with_the_right_answer_chosen(tmp_path):
+    import importlib.util
+    import json
+
+    from flywheel.config import load_config
+    from flywheel.datasets import read_rows, write_dataset
+    from flywheel.worlds.shapes.policy_eval import check_answer
+
+    spec = importlib.util.spec_from_file_location("pool_replay", REPO_ROOT / "bench" / "pool_replay.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    world = load_config().world.shapes
+    rows = [*bench.perfect_pairs(world, "iu_existence", 40), *bench.perfect_pairs(world, "iu_count", 10)]
+    manifest = write_dataset(str(tmp_path / "pool"), "dpo", rows, config_hash="t", producer="test")
+    assert manifest.row_count == 50 and not manifest.quarantined
+    said = lambda m: json.loads(m)[0]["content"][0]["text"]  # noqa: E731
+    answers = set()
+    for r in read_rows(str(tmp_path / "pool")):
+        q = json.loads(r["meta"])["question"]
+        assert check_answer(q, said(r["chosen"]), None).correct
+        assert not check_answer(q, said(r["rejected"]), None).correct
+        answers.add(said(r["chosen"]))
+    assert {"Yes.", "No."} <= answers  # both existence answers are taught

@@ -36,7 +36,7 @@ def _hallucinate(scene: Scene, caption: str, rng: np.random.Generator, world: Sh
     return f"{first} and {noun_phrase(1, c, s)}." + (f" {rest}" if rest else "")
 
 
-def _answer(q: dict, right: bool, rng: np.random.Generator, world: ShapesWorldConfig) -> tuple[str, str]:
+def posed_answer(q: dict, right: bool, rng: np.random.Generator, world: ShapesWorldConfig) -> tuple[str, str]:
     """(an answer to a colour/count/existence question, the value it gives in the judge's words), right or not."""
     if q["type"] == "colour":
         colour = q["answer"] if right else rng.choice([c for c in PALETTES[world.palette] if c != q["answer"]])
@@ -65,7 +65,7 @@ def llava_example(rng: np.random.Generator, world: ShapesWorldConfig, faults: Po
         if q["type"] == "existence" and not q["answer"] and rng.random() < faults.yes_bias:
             answer = "Yes."
         elif q["type"] in ("colour", "count") and rng.random() < faults.wrong_answer:
-            answer = _answer(q, False, rng, world)[0]
+            answer = posed_answer(q, False, rng, world)[0]
     return _llava_row(scene, question, answer, world)
 
 
@@ -168,14 +168,14 @@ def reading_example(rng: np.random.Generator, world: ShapesWorldConfig, compare:
         posed = iu_question(subtask, scene, rng, PALETTES[world.palette], world.shapes)
     question, reference, q = posed
     right = bool(rng.random() < 0.5)
-    response, said = _answer(q, right, rng, world)
+    response, said = posed_answer(q, right, rng, world)
     if compare:
         key = assess_answer(response, scene, q, "image").findings[0].text
         target = key[:key.index(", so it is ")] + "."
         header = "Matching. Does the response give the reference answer's value?"
     else:
         ask_reference = rng.random() < READ_REFERENCE_SHARE
-        target = (f"The reference says {_answer(q, True, rng, world)[1]}." if ask_reference
+        target = (f"The reference says {posed_answer(q, True, rng, world)[1]}." if ask_reference
                   else f"The answer says {said}.")
         header = f"Reading. What does the {'reference answer' if ask_reference else 'response'} say?"
     image = render(scene, world.image_size)
