@@ -31,7 +31,11 @@ Measured 2026-11-26 (docs/results.md, runs/t6 vs runs/t7), seeds 1 / 2 / 3, held
   reward accuracy on its held-out pairs 0.96). Both of runs/t7's SDXL pools as the judges ranked them (`--pool
   .../004/pref-pool/image_pref --pool .../008/pref-pool/image_pref`, 713 pairs), seeds 0 / 1: held-out 5.230 ->
   5.367 / 5.365 (step 50), gate 4.586 -> 4.624 / 4.735, Wilcoxon p=0.627 / 0.256.
-About 70 s per LLaVA run and 60-110 s per SDXL run on the 2-core box.
+- Existence and runs/t9's pool with an SFT term (`--perfect iu_existence:1000`, `--set
+  'train.policy_dpo.methods=[dpo_sft]' --set train.policy_dpo.lr=1e-3`, ...): tables in docs/results.md, "An SFT
+  term on the chosen answers". DPO alone never moved existence; dpo_sft at lr 1e-3 took runs/t9's pool to gate
+  0.650 / 0.658 / 0.667 (seeds 0-2) where DPO at 1e-4 gave 0.625.
+About 70 s per LLaVA run and 60-110 s per SDXL run on the 2-core box (1,000 perfect pairs: ~3 minutes).
 """
 from __future__ import annotations
 

@@ -169,7 +169,8 @@ def test_reference_previous_is_the_start_original_is_the_adapters_base(zoo, cfg,
     dataset = to_hf_dataset(dpo_rows(read_training_data(text_pairs["policy"], "dpo").rows))
     logs = {}
     for reference in ("previous", "original"):
-        c = _cfg(cfg, f"train.policy_dpo.reference={reference}", "train.policy_dpo.max_steps=1")
+        c = _cfg(cfg, f"train.policy_dpo.reference={reference}", "train.policy_dpo.max_steps=1",
+                 "train.policy_dpo.methods=[dpo]")  # DPO's loss alone: local.yaml's dpo_sft adds the SFT term
         base, processor = hf.load_vlm(str(zoo["policy"]))
         start = PeftModel.from_pretrained(base, str(tmp_path / "previous"), is_trainable=True)
         trainer = dpo.build_trainer(start, processor, dataset, c.train.resolved("policy_dpo"),
