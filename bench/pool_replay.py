@@ -51,9 +51,9 @@ from flywheel.config import load_config
 from flywheel.datasets import iter_dataset_rows, read_manifest, read_rows, write_dataset
 from flywheel.evaluate.downstream import evaluate_generator_ref, evaluate_policy_ref
 from flywheel.gate import paired_items
+from flywheel.images import to_png_bytes
 from flywheel.track import Tracker
 from flywheel.train.api import train
-from flywheel.images import to_png_bytes
 from flywheel.worlds.shapes.pair_check import NoGroundTruth, oracle_value
 from flywheel.worlds.shapes.policy_data import posed_answer
 from flywheel.worlds.shapes.render import render
@@ -99,6 +99,13 @@ def oracle_ranked(rows: list[dict], pool: str, world) -> list[dict]:
     return out
 
 
+PERFECT_SUBTASKS = ("iu_color", "iu_count", "iu_existence")  # one right answer each; a caption has many
+
+
+def _message(role: str, parts: list[dict]) -> str:
+    return json.dumps([{"role": role, "content": parts}])
+
+
 def perfect_pairs(world, subtask: str, n: int, seed: int = 12345) -> list[dict]:
     """`n` pool rows of one question sub-task (iu_color, iu_count, iu_existence) on fresh scenes: the right answer
     chosen over a wrong one. Not the policy's samples: what a pool of this sub-task could teach at best."""
@@ -110,11 +117,11 @@ def perfect_pairs(world, subtask: str, n: int, seed: int = 12345) -> list[dict]:
             continue
         question, right, q = posed
         wrong = posed_answer(q, False, rng, world)[0]
-        say = lambda text: json.dumps([{"role": "assistant", "content": [{"type": "text", "text": text}]}])  # noqa
         rows.append({"target": "policy", "images": [to_png_bytes(render(scene, world.image_size))],
-                     "prompt": json.dumps([{"role": "user", "content": [{"type": "image"},
-                                                                         {"type": "text", "text": question}]}]),
-                     "chosen": say(right), "rejected": say(wrong), "chosen_score": 1.0, "rejected_score": 0.0,
+                     "prompt": _message("user", [{"type": "image"}, {"type": "text", "text": question}]),
+                     "chosen": _message("assistant", [{"type": "text", "text": right}]),
+                     "rejected": _message("assistant", [{"type": "text", "text": wrong}]),
+                     "chosen_score": 1.0, "rejected_score": 0.0,
                      "margin": 1.0, "protocol": None, "subtask": subtask, "source_ids": [],
                      "meta": json.dumps({"labels": "oracle", "question": q}, default=int)})
     return rows
@@ -157,6 +164,8 @@ def main() -> None:
         rows = oracle_ranked(rows, data, cfg.world.shapes) if a.oracle else rows
         for spec in a.perfect:
             subtask, _, n = spec.partition(":")
+            if subtask not in PERFECT_SUBTASKS or not n.isdigit():
+                raise SystemExit(f"--perfect {spec!r}: expected SUBTASK:N with SUBTASK one of {PERFECT_SUBTASKS}")
             rows += perfect_pairs(cfg.world.shapes, subtask, int(n))
         data = (f"{workdir}/data/pool-{kind}-margin-{a.min_margin or 0:g}{'-oracle' if a.oracle else ''}"
                 + "".join(f"-{s}" for s in [*(a.subtask or ()), *a.perfect]).replace(":", ""))

@@ -62,3 +62,9 @@ def test_perfect_pairs_are_valid_pool_rows_with_the_right_answer_chosen(tmp_path
         assert not check_answer(q, said(r["rejected"]), None).correct
         answers.add(said(r["chosen"]))
     assert {"Yes.", "No."} <= answers  # both existence answers are taught
+
+
+def test_a_perfect_spec_without_one_right_answer_is_refused_by_name(tmp_path):
+    out = subprocess.run([sys.executable, str(REPO_ROOT / "bench" / "pool_replay.py"), "--perfect", "iu_caption:10",
+                          "--workdir", str(tmp_path)], capture_output=True, text=True, cwd=REPO_ROOT)
+    assert out.returncode != 0 and "--perfect 'iu_caption:10': expected SUBTASK:N" in out.stderr
