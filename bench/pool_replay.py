@@ -41,13 +41,13 @@ from __future__ import annotations
 
 import argparse
 import glob
-import json
 import os
 import shutil
 
 import numpy as np
 
 from flywheel.config import load_config
+from flywheel.curate.pairs import assistant, policy_user_message
 from flywheel.datasets import iter_dataset_rows, read_manifest, read_rows, write_dataset
 from flywheel.evaluate.downstream import evaluate_generator_ref, evaluate_policy_ref
 from flywheel.gate import paired_items
@@ -102,10 +102,6 @@ def oracle_ranked(rows: list[dict], pool: str, world) -> list[dict]:
 PERFECT_SUBTASKS = ("iu_color", "iu_count", "iu_existence")  # one right answer each; a caption has many
 
 
-def _message(role: str, parts: list[dict]) -> str:
-    return json.dumps([{"role": role, "content": parts}])
-
-
 def perfect_pairs(world, subtask: str, n: int, seed: int = 12345) -> list[dict]:
     """`n` pool rows of one question sub-task (iu_color, iu_count, iu_existence) on fresh scenes: the right answer
     chosen over a wrong one. Not the policy's samples: what a pool of this sub-task could teach at best."""
@@ -117,13 +113,12 @@ def perfect_pairs(world, subtask: str, n: int, seed: int = 12345) -> list[dict]:
             continue
         question, right, q = posed
         wrong = posed_answer(q, False, rng, world)[0]
-        rows.append({"target": "policy", "images": [to_png_bytes(render(scene, world.image_size))],
-                     "prompt": _message("user", [{"type": "image"}, {"type": "text", "text": question}]),
-                     "chosen": _message("assistant", [{"type": "text", "text": right}]),
-                     "rejected": _message("assistant", [{"type": "text", "text": wrong}]),
-                     "chosen_score": 1.0, "rejected_score": 0.0,
-                     "margin": 1.0, "protocol": None, "subtask": subtask, "source_ids": [],
-                     "meta": json.dumps({"labels": "oracle", "question": q}, default=int)})
+        image = to_png_bytes(render(scene, world.image_size))
+        rows.append({"target": "policy", "images": [image],
+                     "prompt": policy_user_message({"images": [image], "query": question}),
+                     "chosen": assistant(right), "rejected": assistant(wrong), "chosen_score": 1.0,
+                     "rejected_score": 0.0, "margin": 1.0, "protocol": None, "subtask": subtask, "source_ids": [],
+                     "meta": {"labels": "oracle", "question": q}})
     return rows
 
 

@@ -9,12 +9,13 @@ LOCAL, GPU = REPO_ROOT / "configs" / "local.yaml", REPO_ROOT / "configs" / "gpu_
 
 
 def test_local_uses_the_settings_measured_on_the_tiny_models():
-    t = load_config(LOCAL).train
+    cfg = load_config(LOCAL)
+    t = cfg.train
     p = t.resolved("policy_dpo")
     # dpo_sft at lr 1e-3: from the look-up base it gained +9.2 to +10.8 where DPO at 1e-4 gained +6.7 (docs/results.md)
     assert (p.beta, p.lr, p.lora.enabled, p.lora.r, p.method, p.reference) == (0.5, 1e-3, True, 8, "dpo_sft",
                                                                                  "previous")
-    assert load_config(LOCAL).world.base_policies.policy_lookup.steps > 0  # the SFT term needs the look-up base
+    assert cfg.world.base_policies.policy_lookup.steps > 0  # the SFT term needs the look-up base
     g = t.resolved("diffusion_dpo")
     assert (g.beta, g.lr, g.scale_lr) == (5000, 1e-5, False)
 

@@ -29,8 +29,9 @@ class LookupCurriculumConfig(BaseModel):
     the look-up (bench/lookup_probe.py, text alone). Colour questions alone, 3,000 steps from the built base (vision
     frozen), took held-out colour accuracy from 0.68 to 0.98 (400 items; count and existence, untrained, fell).
     In the loop (docs/results.md, runs/t9: colour then existence, 3,000 steps each; a 24-minute build instead of 11)
-    the gate's items started at 0.558 instead of 0.450 (colour 1.000) and the pooled DPO added +6.7 (captions);
-    existence stayed "Yes." to everything."""
+    the gate's items started at 0.558 instead of 0.450 (colour 1.000). DPO alone then added +6.7 (captions only);
+    with an SFT term on the chosen answers (train.policy_dpo methods [dpo_sft], lr 1e-3) +9.2 (runs/t10: counts
+    and existence moved too), which is why configs/local.yaml turns both on."""
 
     model_config = ConfigDict(extra="forbid")
     steps: int = Field(0, ge=0, description="SFT steps per sub-task, with the LLaVA SFT's other settings "
