@@ -79,6 +79,8 @@ def run(config: ConfigOpt = Path("configs/local.yaml"), overrides: Overrides = N
     from flywheel.track import Tracker
 
     cfg = _load(config, overrides)
+    for warning in cfg.recipe_warnings():
+        logging.getLogger("flywheel").warning("config: %s", warning)
     init_ray(cfg)
     tracker = Tracker(cfg)
     for n in range(start, start + iterations):

@@ -468,6 +468,20 @@ class Config(StrictModel):
                              "or set gate.judge_test: none")
         return self
 
+    def recipe_warnings(self) -> list[str]:
+        """Settings measured to work only together, found apart. Logged when a run starts; nothing is refused,
+        since a user may be measuring exactly that."""
+        out = []
+        dpo = self.train.resolved("policy_dpo")
+        if (self.models.policy.path == "world:policy" and not self.world.base_policies.policy_lookup.steps
+                and "dpo_sft" in self.train.policy_dpo.methods and dpo.lr >= 5e-4):
+            # docs/results.md (runs/t7's pool, seeds 0-2): 0.542 / 0.475 / 0.492 against DPO's 0.508-0.525
+            out.append(f"train.policy_dpo uses dpo_sft at lr {dpo.lr:g} on a base LLaVA without look-up phases "
+                       "(world.base_policies.policy_lookup.steps 0): measured, that did no better than dpo at 1e-4 "
+                       "and lost colour answers; set policy_lookup.steps (3000 in configs/local.yaml) or "
+                       "'train.policy_dpo.methods=[dpo]' train.policy_dpo.lr=1e-4")
+        return out
+
     @property
     def experiment(self) -> str:
         return self.tracking.experiment or self.run.name

@@ -176,3 +176,16 @@ def test_loading_a_config_imports_no_heavy_library():
             "if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_recipe_warnings_name_an_sft_term_without_the_look_up_base(tmp_path):
+    """dpo_sft at a high lr was measured to help only on the look-up base LLaVA: apart, the run says so."""
+    assert load_config(REPO_ROOT / "configs/local.yaml", [f"run.workdir={tmp_path}"]).recipe_warnings() == []
+    apart = load_config(REPO_ROOT / "configs/local.yaml",
+                        [f"run.workdir={tmp_path}", "world.base_policies.policy_lookup.steps=0"])
+    (warning,) = apart.recipe_warnings()
+    assert "dpo_sft at lr 0.001" in warning and "policy_lookup.steps" in warning
+    for fix in ("train.policy_dpo.methods=[dpo]", "train.policy_dpo.lr=1e-4"):
+        assert load_config(REPO_ROOT / "configs/local.yaml", [f"run.workdir={tmp_path}",
+                           "world.base_policies.policy_lookup.steps=0", fix]).recipe_warnings() == []
+    assert load_config(REPO_ROOT / "configs/gpu_7b.yaml").recipe_warnings() == []  # a real LLaVA: no world base

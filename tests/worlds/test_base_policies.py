@@ -8,7 +8,7 @@ import pytest
 from flywheel.config import GenerationConfig, ImageGenerationConfig
 from flywheel.engines import ImageRequest, TextRequest
 from flywheel.worlds.shapes.base_policies import build_base_generator, build_base_judge, build_base_policy
-from flywheel.worlds.shapes.policy_config import BasePoliciesConfig, JudgeBaseConfig
+from flywheel.worlds.shapes.policy_config import BasePoliciesConfig, JudgeBaseConfig, LookupCurriculumConfig
 
 
 @pytest.fixture(scope="module")
@@ -244,3 +244,19 @@ def test_look_up_phases_train_one_question_type_each_before_the_faulty_sft(cfg, 
 def test_look_up_phases_name_only_question_sub_tasks():
     with pytest.raises(ValueError, match="iu_caption"):
         BasePoliciesConfig(policy_lookup={"steps": 10, "subtasks": ["iu_caption"]})
+
+
+def test_judge_look_up_phases_run_before_its_perception_sft_and_name_a_new_base(cfg, zoo, small, tmp_path):
+    from flywheel.worlds.shapes.base_policies import judge_dir
+
+    looked = small.model_copy(update={"judge": small.judge.model_copy(
+        update={"lookup": LookupCurriculumConfig(steps=2, subtasks=["iu_color"])})})
+    # off (steps 0) leaves the folder name of judge bases built before the phases existed; on names a new base
+    assert judge_dir(zoo["judge"], tmp_path, cfg.world.shapes, small, 0) != judge_dir(
+        zoo["judge"], tmp_path, cfg.world.shapes, looked, 0)
+    off = small.model_copy(update={"judge": small.judge.model_copy(update={"lookup": LookupCurriculumConfig()})})
+    assert judge_dir(zoo["judge"], tmp_path, cfg.world.shapes, off, 0) == judge_dir(
+        zoo["judge"], tmp_path, cfg.world.shapes, small, 0)
+    path, metrics = build_base_judge(zoo["judge"], tmp_path, cfg.world.shapes, looked, seed=0)
+    assert metrics["iu_color/sft_loss"] > 0 and metrics["sft_loss"] > 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == [path.name]  # no phase checkpoint left behind

@@ -21,7 +21,7 @@ from flywheel.models.pretrain_config import PolicyPretrainConfig, VisionPretrain
 from flywheel.models.pretrain_vision import pretrain_vision
 from flywheel.models.pretrain_vlm import pretrain_vlm
 from flywheel.worlds.shapes.config import ShapesWorldConfig
-from flywheel.worlds.shapes.policy_config import BasePoliciesConfig
+from flywheel.worlds.shapes.policy_config import BasePoliciesConfig, LookupCurriculumConfig
 from flywheel.worlds.shapes.policy_data import (generator_examples, llava_examples, perception_examples,
                                                question_examples, vision_task)
 
@@ -81,9 +81,11 @@ def generator_dir(zoo_generator: Path, root: Path, world: ShapesWorldConfig, cfg
 
 
 def judge_dir(zoo_judge: Path, root: Path, world: ShapesWorldConfig, cfg: BasePoliciesConfig, seed: int) -> Path:
-    # matching_share 0 stays out of the key, so that bases built before it existed stay valid; a set one
-    # brings the version of its rows' words (2: the teacher's own, policy_data.reading_example)
-    judge = cfg.judge.model_dump(mode="json", exclude={"matching_share"} if not cfg.judge.matching_share else None)
+    # matching_share 0 and look-up steps 0 stay out of the key, so that bases built before they existed stay
+    # valid; a set matching_share brings the version of its rows' words (2: the teacher's own, reading_example)
+    unset = {k for k, on in (("matching_share", cfg.judge.matching_share), ("lookup", cfg.judge.lookup.steps))
+             if not on}
+    judge = cfg.judge.model_dump(mode="json", exclude=unset or None)
     if cfg.judge.matching_share:
         judge["matching_rows"] = MATCHING_ROWS_VERSION
     return root / f"judge-base-{_hash(world, judge, seed, BASE_VERSION, zoo_judge.name)}"
@@ -93,13 +95,17 @@ def build_base_policy(zoo_policy: Path, root: Path, world: ShapesWorldConfig, cf
                       seed: int) -> tuple[Path, dict]:
     """The base LLaVA (cached): the random zoo policy's vision pretrained, then SFT on faulty IU examples."""
     out = policy_dir(zoo_policy, root, world, cfg, seed)
-    look = cfg.policy_lookup
-    settings = cfg.policy.model_copy(update={"steps": look.steps})  # the faulty SFT's settings, its own steps
-    phases = tuple((subtask, question_examples(world, subtask), settings)
-                   for subtask in (look.subtasks if look.steps else ()))
+    phases = _lookup_phases(world, cfg.policy_lookup, cfg.policy)
     log.info("base policy: LLaVA vision pretraining and SFT → %s", out)
     return _build(out, lambda tmp: _see_then_talk(zoo_policy, tmp, vision_task(world), cfg.policy_vision,
                                                   llava_examples(world, cfg.faults), cfg.policy, seed, phases))
+
+
+def _lookup_phases(world: ShapesWorldConfig, look: LookupCurriculumConfig, sft: PolicyPretrainConfig) -> tuple:
+    """One fault-free SFT phase per question sub-task, with the SFT's settings and the phases' own steps."""
+    settings = sft.model_copy(update={"steps": look.steps})
+    subtasks = look.subtasks if look.steps else ()
+    return tuple((subtask, question_examples(world, subtask), settings) for subtask in subtasks)
 
 
 def build_base_generator(zoo_generator: Path, root: Path, world: ShapesWorldConfig, cfg: BasePoliciesConfig,
@@ -114,7 +120,8 @@ def build_base_generator(zoo_generator: Path, root: Path, world: ShapesWorldConf
 def build_base_judge(zoo_judge: Path, root: Path, world: ShapesWorldConfig, cfg: BasePoliciesConfig,
                      seed: int) -> tuple[Path, dict]:
     """The judge base (cached): the random zoo Qwen2-VL's vision pretrained, then SFT on fault-free captions and
-    questions about clean and degraded renders (JudgeBaseConfig). It has never judged."""
+    questions about clean and degraded renders (JudgeBaseConfig), after look-up phases if set. It has never
+    judged."""
     out = judge_dir(zoo_judge, root, world, cfg, seed)
     examples = perception_examples(world, cfg.judge)
 
@@ -124,7 +131,7 @@ def build_base_judge(zoo_judge: Path, root: Path, world: ShapesWorldConfig, cfg:
         from flywheel.worlds.shapes.policy_eval import evaluate_text_policy
 
         stats = _see_then_talk(zoo_judge, tmp, vision_task(world, cfg.judge), cfg.judge.vision, examples,
-                               cfg.judge.pretrain, seed)
+                               cfg.judge.pretrain, seed, _lookup_phases(world, cfg.judge.lookup, cfg.judge.pretrain))
         # How well it sees, on held-out renders (the policies' question types): its starting point as a number.
         engine = HFTextEngine(str(tmp), GenerationConfig(max_new_tokens=64, temperature=0.0, batch_size=16))
         seen = evaluate_text_policy(engine, world, n=cfg.eval_items, seed=seed)

@@ -72,6 +72,11 @@ class JudgeBaseConfig(BaseModel):
         "0.678/0.705, IU ranking 0.724 -> 0.805, verdicts that follow the judge's own two values: existence 0.57 -> "
         "1.00, count 0.88 -> 0.99, colour 0.65 -> 0.68 (the base itself tells colours apart 0.69 of the time, "
         "counts and yes/no every time).")
+    lookup: LookupCurriculumConfig = Field(
+        default_factory=LookupCurriculumConfig, description="Look-up phases before the perception SFT, with its "
+        "settings (`pretrain`) and their own steps: fault-free questions of one sub-task each, as the LLaVA's "
+        "(`policy_lookup`). The judge checks a caption by looking each object's colour up; the base names the "
+        "asked shape's colour at chance (perception colour 0.58). 0 steps leaves the base's cache key as before.")
     degraded_share: float = Field(
         0.5, ge=0, le=1, description="Share of images degraded the way a small generator draws (lower resolution, "
         "blur), so the judge can read generated images too; colours and shapes are untouched.")
