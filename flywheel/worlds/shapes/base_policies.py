@@ -58,7 +58,7 @@ def _see_then_talk(zoo: Path, out: Path, task, vision: VisionPretrainConfig, exa
         done.append(start)
     for name, rows, settings in phases:
         phase = out / f"phase-{name}"
-        log.info("base policy: SFT phase %s (%d steps)", name, settings.steps)
+        log.info("%s: SFT phase %s (%d steps)", out.name.removesuffix(".tmp"), name, settings.steps)
         stats |= {f"{name}/{k}": v for k, v in pretrain_vlm(start, phase, rows, settings, seed).items()}
         start = phase
         done.append(phase)
