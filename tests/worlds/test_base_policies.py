@@ -246,7 +246,7 @@ def test_look_up_phases_name_only_question_sub_tasks():
         BasePoliciesConfig(policy_lookup={"steps": 10, "subtasks": ["iu_caption"]})
 
 
-def test_judge_look_up_phases_run_before_its_perception_sft_and_name_a_new_base(cfg, zoo, small, tmp_path):
+def test_judge_look_up_phases_train_and_name_a_new_base(cfg, zoo, small, tmp_path):
     from flywheel.worlds.shapes.base_policies import judge_dir
 
     looked = small.model_copy(update={"judge": small.judge.model_copy(
@@ -254,7 +254,9 @@ def test_judge_look_up_phases_run_before_its_perception_sft_and_name_a_new_base(
     # off (steps 0) leaves the folder name of judge bases built before the phases existed; on names a new base
     assert judge_dir(zoo["judge"], tmp_path, cfg.world.shapes, small, 0) != judge_dir(
         zoo["judge"], tmp_path, cfg.world.shapes, looked, 0)
-    off = small.model_copy(update={"judge": small.judge.model_copy(update={"lookup": LookupCurriculumConfig()})})
+    # off, the phases' other settings stay out of the key too: the key is that of a base without the field
+    off = small.model_copy(update={"judge": small.judge.model_copy(
+        update={"lookup": LookupCurriculumConfig(steps=0, subtasks=["iu_count"])})})
     assert judge_dir(zoo["judge"], tmp_path, cfg.world.shapes, off, 0) == judge_dir(
         zoo["judge"], tmp_path, cfg.world.shapes, small, 0)
     path, metrics = build_base_judge(zoo["judge"], tmp_path, cfg.world.shapes, looked, seed=0)
