@@ -11,7 +11,7 @@ def test_the_replay_bench_loads_and_documents_its_options():
     out = subprocess.run([sys.executable, str(REPO_ROOT / "bench" / "pool_replay.py"), "--help"], capture_output=True,
                          text=True, check=True, cwd=REPO_ROOT).stdout
     assert all(opt in out for opt in ("--pool", "--seeds", "--min-margin", "--oracle", "--base", "--models-from",
-                                      "--set", "--subtask", "--perfect"))
+                                      "--set", "--subtask", "--perfect", "--eval"))
 
 
 def test_oracle_ordering_reverses_wrong_pairs_and_drops_ties_and_pairs_it_cannot_decide():
