@@ -68,3 +68,31 @@ def test_a_perfect_spec_without_one_right_answer_is_refused_by_name(tmp_path):
     out = subprocess.run([sys.executable, str(REPO_ROOT / "bench" / "pool_replay.py"), "--perfect", "iu_caption:10",
                           "--workdir", str(tmp_path)], capture_output=True, text=True, cwd=REPO_ROOT)
     assert out.returncode != 0 and "--perfect 'iu_caption:10': expected SUBTASK:N" in out.stderr
+
+
+def test_oracle_ranking_finds_a_text_pairs_prompt_through_its_candidates(tmp_path, monkeypatch):
+    """A text (dpo) pool row names no prompt, only its two candidates: the oracle must find the prompt through
+    them (a KeyError 'prompt_id' before). Datasets and the oracle are stood in for: this checks the look-up."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("pool_replay", REPO_ROOT / "bench" / "pool_replay.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    it = tmp_path / "data" / "iterations" / "000"
+    (it / "pref-candidates").mkdir(parents=True)
+    stored = {str(it / "pref-prompts"): [{"prompt_id": "p1", "query": "How many?"}],
+              str(it / "pref-candidates"): [{"candidate_id": "c1", "prompt_id": "p1", "output_text": "Two."},
+                                            {"candidate_id": "c2", "prompt_id": "p1", "output_text": "Three."}]}
+    monkeypatch.setattr(bench, "iter_dataset_rows", lambda path: iter(stored[str(path)]))
+    seen = []
+
+    def oracle_value(prompt, cand, _world):
+        seen.append(prompt["prompt_id"])
+        return {"Two.": 0.0, "Three.": 1.0}[cand["output_text"]]
+
+    monkeypatch.setattr(bench, "oracle_value", oracle_value)
+    row = {"source_ids": ["c1", "c2"], "chosen": "Two.", "rejected": "Three.", "chosen_score": 4.0,
+           "rejected_score": 2.0, "subtask": "iu_count"}
+    out = bench.oracle_ranked([row], str(it / "pref-pool" / "dpo"), world=None)
+    assert seen == ["p1", "p1"]
+    assert [(r["chosen"], r["source_ids"]) for r in out] == [("Three.", ["c2", "c1"])]  # the oracle's order
