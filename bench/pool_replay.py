@@ -180,7 +180,8 @@ def main() -> None:
         print(f"{len(rows)} pairs" + (f" with margin >= {a.min_margin:g}" if a.min_margin is not None else ""))
     # the start model by its folder: with another run.seed the world's name would resolve to another base
     start_ref = resolve_model_path(ModelRef(path=base), cfg) if a.eval_sets else base
-    start, scored_on = evaluate(eval_cfg, start_ref), ("items " + " ".join(a.eval_sets)) if a.eval_sets else "gate"
+    start = evaluate(eval_cfg, start_ref)
+    scored_on = "items " + " ".join(a.eval_sets) if a.eval_sets else "gate"
     for seed in [int(s) for s in a.seeds.split(",")]:
         c = load_config(a.config, [f"run.workdir={workdir}", f"train.seed={seed}", *a.sets])
         res = train(c, training, data, base=base, tracker=Tracker(c), iteration=0)

@@ -7,6 +7,16 @@ import sys
 from flywheel.config import REPO_ROOT
 
 
+def _load_bench():
+    """bench/ is not a package: load the script as a module."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("pool_replay", REPO_ROOT / "bench" / "pool_replay.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench
+
+
 def test_the_replay_bench_loads_and_documents_its_options():
     out = subprocess.run([sys.executable, str(REPO_ROOT / "bench" / "pool_replay.py"), "--help"], capture_output=True,
                          text=True, check=True, cwd=REPO_ROOT).stdout
@@ -15,13 +25,9 @@ def test_the_replay_bench_loads_and_documents_its_options():
 
 
 def test_oracle_ordering_reverses_wrong_pairs_and_drops_ties_and_pairs_it_cannot_decide():
-    import importlib.util
-
     from flywheel.worlds.shapes.assess import NoGroundTruth
 
-    spec = importlib.util.spec_from_file_location("pool_replay", REPO_ROOT / "bench" / "pool_replay.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = _load_bench()
     values = {"a": 5.0, "b": 2.0, "c": 3.0, "d": 3.0}
 
     def value(_row, cid):
@@ -40,16 +46,13 @@ def test_oracle_ordering_reverses_wrong_pairs_and_drops_ties_and_pairs_it_cannot
 
 
 def test_perfect_pairs_are_valid_pool_rows_with_the_right_answer_chosen(tmp_path):
-    import importlib.util
     import json
 
     from flywheel.config import load_config
     from flywheel.datasets import read_rows, write_dataset
     from flywheel.worlds.shapes.policy_eval import check_answer
 
-    spec = importlib.util.spec_from_file_location("pool_replay", REPO_ROOT / "bench" / "pool_replay.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = _load_bench()
     world = load_config().world.shapes
     rows = [*bench.perfect_pairs(world, "iu_existence", 40), *bench.perfect_pairs(world, "iu_count", 10)]
     manifest = write_dataset(str(tmp_path / "pool"), "dpo", rows, config_hash="t", producer="test")
@@ -73,11 +76,7 @@ def test_a_perfect_spec_without_one_right_answer_is_refused_by_name(tmp_path):
 def test_oracle_ranking_finds_a_text_pairs_prompt_through_its_candidates(tmp_path, monkeypatch):
     """A text (dpo) pool row names no prompt, only its two candidates: the oracle must find the prompt through
     them (a KeyError 'prompt_id' before). Datasets and the oracle are stood in for: this checks the look-up."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("pool_replay", REPO_ROOT / "bench" / "pool_replay.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = _load_bench()
     it = tmp_path / "data" / "iterations" / "000"
     (it / "pref-candidates").mkdir(parents=True)
     stored = {str(it / "pref-prompts"): [{"prompt_id": "p1", "query": "How many?"}],
