@@ -349,9 +349,15 @@ class GateConfig(StrictModel):
         "than the champion (p < judge_alpha), else the champion. The champion is the best of several noisy "
         "trainings, so a challenger as good on average scores below it and is kept out; with `within_noise` its "
         "round of training is still built on. Either way the champion alone serves and is gated against.")
-    policy_metric: str = Field("accuracy", description="Oracle metric of the text policy on held-out items.")
+    policy_metric: str = Field(
+        "accuracy", description="Metric of the text policy on held-out items: an oracle one (`accuracy`, "
+        "`accuracy/<type>`, ...), or `judge/pointwise/score`, the serving champion judge's mean pointwise rating "
+        "of the same answers, for prompts with no ground truth (flywheel/evaluate/downstream.py; the oracle's "
+        "metrics are still reported beside it).")
     policy_margin: float = Field(0.0, description="How much better the new text policy must be.")
-    generator_metric: str = Field("score10", description="Oracle 0-10 score of the generator on held-out prompts.")
+    generator_metric: str = Field(
+        "score10", description="Metric of the generator on held-out prompts: an oracle one (`score10`, the 0-10 "
+        "score, ...), or `judge/pointwise/score`, the serving champion judge's mean rating of the same images.")
     generator_margin: float = Field(0.0, description="How much better the new generator must be.")
     downstream_test: Literal["none", "paired"] = Field(
         "paired", description="Paired test a policy or generator must also pass: `paired` promotes only if a "
@@ -523,6 +529,8 @@ STAGE_SECTIONS: dict[str, tuple[str, ...]] = {
     # a downstream evaluation's held-out items and decoding (flywheel/evaluate/downstream.py)
     "downstream-policy": ("run.seed", "world.shapes", "gate.eval_items", "policy.generation"),
     "downstream-generator": ("run.seed", "world.shapes", "gate.eval_items", "generator.generation"),
+    # how a judge rates those answers, for a judge-scored gate metric (the judge's weights are keyed apart)
+    "downstream-judge": ("judge", "preferences.protocols", "teacher"),
     "candidates": ("run.seed", "models.policy", "models.generator", "models.zoo", "policy", "generator",
                    "candidates", "world.base_policies"),
 }
@@ -530,7 +538,7 @@ STAGE_SECTIONS: dict[str, tuple[str, ...]] = {
 # requests the judge reads (its SFT rows) or its answers to them are then redone, as after a config change.
 # 2: pairwise requests show the prompt's reference.
 JUDGE_REQUEST_FORMAT = 2
-RENDERS_JUDGE_REQUESTS = ("curate", "judgments-judge", "meta-eval-judge")
+RENDERS_JUDGE_REQUESTS = ("curate", "judgments-judge", "meta-eval-judge", "downstream-judge")
 # Meta-eval judges like the judgments stage of its role, asked only the protocols meta_eval.protocols names.
 STAGE_SECTIONS |= {f"meta-eval-{role}": STAGE_SECTIONS[f"judgments-{role}"] + ("meta_eval.protocols",)
                    for role in ("teacher", "judge")}

@@ -140,6 +140,11 @@ def paired_items(challenger: list[float], champion: list[float]) -> tuple[str, i
     (0/1) values, Wilcoxon for scores. Returns (test, better, worse, p)."""
     if len(challenger) != len(champion):
         raise Untestable(f"{len(challenger)} challenger items against {len(champion)} champion items")
+    # NaN: an item one model's scorer could not rate (a judge output that did not parse) says nothing about both
+    both = [(a, b) for a, b in zip(challenger, champion, strict=True) if not (math.isnan(a) or math.isnan(b))]
+    if not both:
+        raise Untestable("no item has a value for both models")
+    challenger, champion = [a for a, _ in both], [b for _, b in both]
     if set(challenger) | set(champion) <= {0.0, 1.0}:
         return ("McNemar", *mcnemar({i: v == 1.0 for i, v in enumerate(challenger)},
                                     {i: v == 1.0 for i, v in enumerate(champion)}))
@@ -168,17 +173,24 @@ def _outcomes(cfg: Config, who: str, where: MetaEval | None, metric: str, value:
 
 def _checked_items(items: tuple[list[float], list[float]], value: float, champ_value: float,
                    metric: str) -> tuple[list[float], list[float]]:
-    """The per-item values, if they average to the values gated on (else they measured something else)."""
+    """The per-item values, if those with a value (not NaN) average to the values gated on (else they measured
+    something else)."""
     for who, got, want in (("challenger", items[0], value), ("champion", items[1], champ_value)):
-        if not got or not math.isclose(sum(got) / len(got), want, rel_tol=1e-9, abs_tol=1e-9):
+        rated = [v for v in got if not math.isnan(v)]
+        if not rated or not math.isclose(sum(rated) / len(rated), want, rel_tol=1e-9, abs_tol=1e-9):
             raise Untestable(f"the {who}'s {len(got)} per-item values do not average to its {metric} {want:.4f}")
     return items
 
 
 def _champion(cfg: Config, name: str, metric: str, baseline: tuple[str, float] | None,
               baseline_meta_eval: MetaEval | None) -> tuple[str | None, float, MetaEval | None]:
-    """(ref, value, meta-eval) of what the challenger must beat: the registered champion, else `baseline`."""
+    """(ref, value, meta-eval) of what the challenger must beat: the registered champion, else `baseline`. A
+    baseline that names the champion itself is its value measured just now, beside the challenger's: it stands
+    over the value recorded when the champion was promoted (a judge-scored metric depends on which judge
+    measured it, and the serving judge changes between iterations)."""
     current = champion_of(cfg, name)
+    if current is not None and baseline is not None and baseline[0] == current:
+        return current, baseline[1], baseline_meta_eval
     if current is not None:
         value = recorded(cfg, current, metric)
         if value is not None:

@@ -19,6 +19,7 @@ import json
 import logging
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 
 import mlflow
 
@@ -235,13 +236,17 @@ def _train_and_gate_policies(start: Config, cfg: Config, p: dict, pref: dict, n:
                              res: IterationResult) -> None:
     """Per policy: train each configured update method on the same pairs (train.<training>.methods), keep the
     best by the held-out target among those the guard did not refuse, and gate it against the champion."""
-    from flywheel.evaluate.downstream import evaluate_generator_ref, evaluate_policy_ref
+    from flywheel.evaluate.downstream import evaluate_generator_ref, evaluate_policy_ref, needs_judge
     from flywheel.train.api import train
     from flywheel.train.updates import outcome_of
 
-    trainings = [("policy", "policy_dpo", "dpo", evaluate_policy_ref, cfg.gate.policy_metric, cfg.gate.policy_margin),
-                 ("generator", "diffusion_dpo", "image_pref", evaluate_generator_ref, cfg.gate.generator_metric,
-                  cfg.gate.generator_margin)]
+    def scored(evaluate, metric: str):  # a judge-scored metric: the judge that ranked the pairs rates the answers
+        return partial(evaluate, judge=res.models["preference_judge"]) if needs_judge(metric) else evaluate
+
+    trainings = [("policy", "policy_dpo", "dpo", scored(evaluate_policy_ref, cfg.gate.policy_metric),
+                  cfg.gate.policy_metric, cfg.gate.policy_margin),
+                 ("generator", "diffusion_dpo", "image_pref", scored(evaluate_generator_ref, cfg.gate.generator_metric),
+                  cfg.gate.generator_metric, cfg.gate.generator_margin)]
     needs = {role: cfg.preferences.update_min_pairs.get(role, 0) for role in ("policy", "generator")}
     pools = {role: _pool(cfg, p, n, role, getattr(start.models, role).path, data) for role, _, data, *_ in trainings}
     due = {role: pool for role, pool in pools.items() if pool.rows and pool.rows >= needs[role]}

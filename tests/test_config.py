@@ -141,7 +141,7 @@ def test_a_new_judge_request_format_redoes_only_the_stages_that_render_requests(
     before = {s: cfg.stage_hash(s) for s in config.STAGE_SECTIONS}
     monkeypatch.setattr(config, "JUDGE_REQUEST_FORMAT", config.JUDGE_REQUEST_FORMAT + 1)
     changed = {s for s in config.STAGE_SECTIONS if cfg.stage_hash(s) != before[s]}
-    assert changed == {"curate", "judgments-judge", "meta-eval-judge"}
+    assert changed == {"curate", "judgments-judge", "meta-eval-judge", "downstream-judge"}
 
 
 def test_every_field_has_a_description():

@@ -116,6 +116,38 @@ def test_per_item_values_that_do_not_give_the_gated_value_fall_back_to_the_margi
     assert d.promoted and d.p_value is None and "paired test not run" in d.reason and "average" in d.reason
 
 
+def test_judge_ratings_that_did_not_parse_leave_the_paired_test_not_the_gate(cfg):
+    """gate.policy_metric judge/pointwise/score: an answer whose rating did not parse is NaN (never a score). The
+    paired test drops the items either model lacks; the means are of the rated items."""
+    nan = math.nan
+    before = [2.0, 3.0, 2.5, nan, 3.0] * 24
+    after = [3.0, 4.0, nan, 4.5, 3.5] * 24  # higher on every item both were rated on
+    rated = lambda xs: _mean([x for x in xs if not math.isnan(x)])  # noqa: E731
+    v1 = _version(cfg, "policy-llava")
+    d = gate.decide(cfg, v1, rated(after), "judge/pointwise/score", 0.0,
+                    baseline=("world:policy", rated(before)), alpha=0.05, items=(after, before))
+    assert d.promoted and (d.test, d.better, d.worse) == ("Wilcoxon", 72, 0)
+    both = [(a, b) for a, b in zip(after, before) if not (math.isnan(a) or math.isnan(b))]
+    want = stats.wilcoxon([a for a, _ in both], [b for _, b in both], alternative="greater").pvalue
+    assert d.p_value == pytest.approx(want)
+    v2 = _version(cfg, "policy-llava")
+    d2 = gate.decide(cfg, v2, 4.0, "judge/pointwise/score", 0.0, baseline=(v1, 3.0), alpha=0.05,
+                     items=([nan] * 3, [3.0] * 3))
+    assert "paired test not run" in d2.reason
+
+
+def test_a_baseline_naming_the_champion_is_its_value_measured_now(cfg):
+    """Each iteration's judge rates the champion policy again: its value then stands over the one recorded when it
+    was promoted, which another judge measured."""
+    v1 = _version(cfg, "policy-llava")
+    assert gate.decide(cfg, v1, 4.5, "judge/pointwise/score", 0.0, baseline=("world:policy", 3.0)).promoted
+    v2 = _version(cfg, "policy-llava")
+    d = gate.decide(cfg, v2, 4.0, "judge/pointwise/score", 0.0, baseline=(v1, 3.5))  # the new judge's ratings
+    assert d.promoted and d.champion == v1 and d.champion_value == 3.5
+    v3 = _version(cfg, "policy-llava")
+    d3 = gate.decide(cfg, v3, 3.9, "judge/pointwise/score", 0.0, baseline=("world:policy", 1.0))  # not the champion
+    assert not d3.promoted and d3.champion_value == 4.0
+
 
 def test_a_version_is_decided_once_so_a_resumed_gate_keeps_the_decision(cfg):
     # --resume runs the gate stage again: a promoted challenger is now the champion and, decided again, would

@@ -1,11 +1,18 @@
 """Downstream evaluation of the policies by the oracle: held-out items, scored against ground truth.
 
 Run inside a Ray task with the candidates stage's resources, so on a cluster the 7B policy lands on a GPU node.
-(With real checkpoints and no oracle, the same place would score held-out prompts with the champion judge.)
+
+A gate metric named `judge/...` (gate.policy_metric, gate.generator_metric) is the serving champion judge's
+instead: its pointwise ratings of the same answers, in the same task after the policy is freed, for prompts
+that have no ground truth. The oracle's metrics are still measured beside it, so in the oracle world the two can
+be compared. Before and after are rated by the
+same judge in the same iteration, so the gate compares like with like; a policy trained on that judge's
+preferences can learn its blind spots, which only the oracle's metrics show.
 
 A result is kept under <storage>/downstream-evals/ when the model cannot change under its name (a registered
 version, a hash-named zoo or world folder): an unpromoted champion is the "before" of every iteration, and a
-promoted one was the "after" of the iteration that promoted it, so each model is evaluated once per eval setting.
+promoted one was the "after" of the iteration that promoted it, so each model is evaluated once per eval setting
+(and per judge, for judge-scored results).
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ log = logging.getLogger(__name__)
 # Part of a kept result's key: bump it when the oracle's scoring of held-out items changes (policy_eval.py,
 # check_text.py, check_image.py), so results kept by the older code are not read back.
 SCORING_VERSION = 1
+JUDGE_METRIC_PREFIX = "judge/"
 
 
 @dataclass
@@ -33,34 +41,73 @@ class Downstream:
     per_item: dict[str, list[float]] = field(default_factory=dict)
 
 
-def _policy(cfg: Config, ref: str) -> Downstream:
+def needs_judge(metric: str) -> bool:
+    """A gate metric the serving judge measures (`judge/pointwise/score`), not the oracle."""
+    return metric.startswith(JUDGE_METRIC_PREFIX)
+
+
+def _policy(cfg: Config, ref: str, judge: str | None = None) -> Downstream:
     from flywheel.engines.hf import HFTextEngine
     from flywheel.models.zoo import resolve_model_path
-    from flywheel.worlds.shapes.policy_eval import evaluate_text_policy_items
+    from flywheel.worlds.shapes import policy_eval as pe
 
     gen = cfg.policy.generation.model_copy(update={"temperature": 0.0})  # greedy: the policy's own answer
     engine = HFTextEngine(resolve_model_path(ModelRef(path=ref), cfg), gen)
-    return Downstream(*evaluate_text_policy_items(engine, cfg.world.shapes, n=cfg.gate.eval_items,
-                                                  seed=cfg.run.seed))
+    world, seed = cfg.world.shapes, cfg.run.seed
+    items = pe.text_items(world, cfg.gate.eval_items, seed)
+    results = engine.generate(pe.text_requests(items, world), seed=seed)
+    del engine  # before the judge loads: one model in memory at a time
+    metrics, right = pe.score_text_items(items, results)
+    out = Downstream(metrics, {"accuracy": right})
+    if judge is not None:
+        _add_judge_scores(cfg, judge, out, pe.text_prompt_records(items, world),
+                          [{"output_text": r.text if r.ok else ""} for r in results])
+    return out
 
 
-def _generator(cfg: Config, ref: str) -> Downstream:
+def _generator(cfg: Config, ref: str, judge: str | None = None) -> Downstream:
     from flywheel.engines.diffusion import DiffusersImageEngine
+    from flywheel.images import to_png_bytes
     from flywheel.models.zoo import resolve_model_path
-    from flywheel.worlds.shapes.policy_eval import evaluate_generator_items
+    from flywheel.worlds.shapes import policy_eval as pe
+    from flywheel.worlds.shapes.spec import SPEC_KINDS as kinds  # the held-out prompts cycle over every kind
 
     engine = DiffusersImageEngine(resolve_model_path(ModelRef(path=ref), cfg), cfg.generator.generation)
-    return Downstream(*evaluate_generator_items(engine, cfg.world.shapes, n=cfg.gate.eval_items,
-                                                seed=cfg.run.seed))
+    world, seed = cfg.world.shapes, cfg.run.seed
+    specs = pe.generator_items(world, cfg.gate.eval_items, seed, kinds)
+    results = engine.generate(pe.image_requests(specs, seed))
+    del engine
+    metrics, scores = pe.score_image_items(specs, kinds, results, world)
+    out = Downstream(metrics, {"score10": scores})
+    if judge is not None:
+        _add_judge_scores(cfg, judge, out, pe.image_prompt_records(specs, kinds, world, seed),
+                          [{"output_images": [to_png_bytes(r.image)] if r.ok else []} for r in results])
+    return out
 
 
-def _remote(fn, cfg: Config, ref: str) -> Downstream:
+def _add_judge_scores(cfg: Config, judge: str, out: Downstream, prompts: list[dict], outputs: list[dict]) -> None:
+    """The judge's pointwise ratings of the outputs (preferences.protocols, one sample each) join the oracle's
+    metrics: `judge/<protocol>/score` (their mean) and its per-item values, NaN where the judge's output did not
+    parse (never a score), and `judge/<protocol>/parse_failure_rate`."""
+    from flywheel.engines import make_text_engine
+    from flywheel.train.heldout_probes import JudgeScorer
+    from flywheel.train.registry import resolve_base
+
+    c = cfg.model_copy(deep=True)
+    c.models.judge.path = resolve_base(cfg, judge)  # a registered adapter is merged into its base once
+    engine = make_text_engine(c, "judge")  # the configured engine: HF here, vLLM on a GPU cluster
+    metrics, per_item = JudgeScorer(cfg, engine).score_items(prompts, outputs)
+    out.metrics |= metrics
+    out.per_item |= per_item
+
+
+def _remote(fn, cfg: Config, ref: str, judge: str | None) -> Downstream:
     import ray
 
     from flywheel.raycluster import init_ray, remote_options
 
     init_ray(cfg)
-    return ray.get(ray.remote(fn).options(**remote_options(cfg.resources.candidates)).remote(cfg, ref))
+    return ray.get(ray.remote(fn).options(**remote_options(cfg.resources.candidates)).remote(cfg, ref, judge))
 
 
 def _identity(cfg: Config, ref: str) -> str | None:
@@ -76,25 +123,31 @@ def _identity(cfg: Config, ref: str) -> str | None:
     return None
 
 
-def _cached(role: str, fn, cfg: Config, ref: str) -> Downstream:
+def _cached(role: str, fn, cfg: Config, ref: str, judge: str | None) -> Downstream:
     model = _identity(cfg, ref)
-    if model is None:
-        return _remote(fn, cfg, ref)
+    scorer = "oracle" if judge is None else _identity(cfg, judge)  # a judge's scores are its own
+    if model is None or scorer is None:
+        return _remote(fn, cfg, ref, judge)
     setting = cfg.stage_hash(f"downstream-{role}")  # the held-out items and the decoding
-    key = hashlib.sha256(f"{SCORING_VERSION}|{setting}|{model}".encode()).hexdigest()[:16]
+    # an oracle-only result keeps the key it always had
+    judged = "" if judge is None else f"|{scorer}|{cfg.stage_hash('downstream-judge')}"
+    key = hashlib.sha256(f"{SCORING_VERSION}|{setting}|{model}{judged}".encode()).hexdigest()[:16]
     uri = storage.join(cfg.storage.uri, "downstream-evals", f"{role}-{key}.json")
     if storage.exists(uri):
         kept = json.loads(storage.read_bytes(uri))
         log.info("%s %s: evaluated earlier on the same items (%s)", role, ref, uri)
         return Downstream(kept["metrics"], kept["per_item"])
-    result = _remote(fn, cfg, ref)
-    storage.write_bytes(uri, json.dumps({"ref": ref, "model": model, **asdict(result)}).encode())
+    result = _remote(fn, cfg, ref, judge)
+    storage.write_bytes(uri, json.dumps({"ref": ref, "model": model, "judge": judge, **asdict(result)}).encode())
     return result
 
 
-def evaluate_policy_ref(cfg: Config, ref: str) -> Downstream:
-    return _cached("policy", _policy, cfg, ref)
+def evaluate_policy_ref(cfg: Config, ref: str, judge: str | None = None) -> Downstream:
+    """The text policy's oracle metrics on the gate's held-out items; with `judge` (a model reference), that
+    judge's ratings of the same answers too (`judge/pointwise/score`)."""
+    return _cached("policy", _policy, cfg, ref, judge)
 
 
-def evaluate_generator_ref(cfg: Config, ref: str) -> Downstream:
-    return _cached("generator", _generator, cfg, ref)
+def evaluate_generator_ref(cfg: Config, ref: str, judge: str | None = None) -> Downstream:
+    """The generator's oracle metrics on the gate's held-out draw prompts; with `judge`, its ratings too."""
+    return _cached("generator", _generator, cfg, ref, judge)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections import Counter
 from contextlib import contextmanager
 
 import numpy as np
@@ -94,6 +95,13 @@ class JudgeScorer:
             return {}
 
     def _score(self, prompts: list[dict], outputs: list[dict]) -> dict[str, float]:
+        return self.score_items(prompts, outputs)[0]
+
+    def score_items(self, prompts: list[dict], outputs: list[dict]) -> tuple[dict[str, float], dict[str, list[float]]]:
+        """(per protocol `judge/<protocol>/score`, the mean rating of the outputs the judge rated, and
+        `judge/<protocol>/parse_failure_rate`; per protocol the rating of each output in prompt order, NaN where
+        the judge's output did not parse or was quarantined - a failure is never a score). Raises what the
+        judge raises (__call__ is the forgiving form)."""
         from flywheel.records import with_ids
         from flywheel.stages.judgments import JudgmentsCore
 
@@ -102,19 +110,32 @@ class JudgeScorer:
                                         "output_text": o.get("output_text"),
                                         "output_images": o.get("output_images", []), "meta": None}
                                        for p, o in zip(prompts, outputs, strict=True)])
+        position = {c["candidate_id"]: i for i, c in enumerate(cands)}
         core = JudgmentsCore(self.cfg, cands, engine=self.engine, role="judge", judgments=self.jcfg)
         res = core(prompts)
-        out: dict[str, float] = {}
-        by_proto: dict[str, list[dict]] = {}
+        rated: dict[str, list[list[float]]] = {}  # protocol -> per output, its ratings (one per judgment)
+        asked, failed = Counter(), Counter()
         for r in res.rows:
-            by_proto.setdefault(r["protocol"], []).append(r)
-        for proto, rows in by_proto.items():
-            scores = [r["score"] for r in rows if not r.get("parse_error") and r.get("score") is not None]
-            failed = len(rows) - len(scores) + sum(1 for q in res.quarantined if proto in q["reason"])
-            total = len(rows) + sum(1 for q in res.quarantined if proto in q["reason"])
-            out[f"judge/{proto}/score"] = float(np.mean(scores)) if scores else float("nan")
-            out[f"judge/{proto}/parse_failure_rate"] = failed / total if total else float("nan")
-        return out
+            rows = rated.setdefault(r["protocol"], [[] for _ in cands])
+            asked[r["protocol"]] += 1
+            if r.get("parse_error") or r.get("score") is None:
+                failed[r["protocol"]] += 1
+            else:
+                rows[position[r["candidate_ids"][0]]].append(float(r["score"]))
+        for q in res.quarantined:
+            if isinstance(q.get("raw"), dict) and (proto := q["raw"].get("protocol")) is not None:
+                rated.setdefault(proto, [[] for _ in cands])
+                asked[proto] += 1
+                failed[proto] += 1
+        out: dict[str, float] = {}
+        per_item: dict[str, list[float]] = {}
+        for proto, rows in rated.items():
+            scores = [float(np.mean(r)) if r else float("nan") for r in rows]
+            kept = [s for s in scores if s == s]
+            out[f"judge/{proto}/score"] = float(np.mean(kept)) if kept else float("nan")
+            out[f"judge/{proto}/parse_failure_rate"] = failed[proto] / asked[proto]
+            per_item[f"judge/{proto}/score"] = scores
+        return out, per_item
 
 
 # ------------------------------------------------------------------------------------------- probes

@@ -49,12 +49,49 @@ def test_a_hash_named_model_is_evaluated_once_per_setting(ray_local, small, role
 def test_a_plain_path_may_change_under_its_name_and_is_always_evaluated(small, monkeypatch):
     path = resolve_model_path(ModelRef(path="zoo:policy"), small)
     calls = []
-    monkeypatch.setattr(downstream, "_remote", lambda fn, cfg, ref: calls.append(ref) or downstream.Downstream(
-        {"accuracy": 0.5}, {"accuracy": [1.0, 0.0]}))
+    monkeypatch.setattr(downstream, "_remote", lambda fn, cfg, ref, judge: calls.append(ref) or
+                        downstream.Downstream({"accuracy": 0.5}, {"accuracy": [1.0, 0.0]}))
     for _ in range(2):
         downstream.evaluate_policy_ref(small, path)
     assert calls == [path, path]
     assert all(json.loads(k.read_text())["ref"] != path for k in _kept(small, "policy"))
+
+
+@pytest.mark.parametrize("role, evaluate, oracle_metric", [("policy", downstream.evaluate_policy_ref, "accuracy"),
+                                                           ("generator", downstream.evaluate_generator_ref, "score10")])
+def test_a_judge_scored_evaluation_rates_the_same_outputs_and_is_kept_per_judge(ray_local, small, monkeypatch, role,
+                                                                                evaluate, oracle_metric):
+    """gate.policy_metric / generator_metric judge/pointwise/score: the judge's ratings of the outputs join the
+    oracle's metrics. The judge here is the world's oracle teacher (judge.engine=oracle), which rates like a
+    trained judge would; the policies are the real tiny zoo LLaVA and SDXL."""
+    oracle_only = evaluate(small, f"zoo:{role}")
+    judged_cfg = small.model_copy(update={"judge": small.judge.model_copy(update={"engine": "oracle"})}, deep=True)
+    judged = evaluate(judged_cfg, f"zoo:{role}", judge="zoo:judge")
+    scores = judged.per_item["judge/pointwise/score"]
+    assert len(scores) == 10 and all(1.0 <= s <= 5.0 for s in scores)
+    assert judged.metrics["judge/pointwise/score"] == pytest.approx(sum(scores) / 10)
+    assert judged.metrics["judge/pointwise/parse_failure_rate"] == 0.0
+    # the oracle's own metrics are the same outputs', measured beside the judge's
+    assert judged.per_item[oracle_metric] == pytest.approx(oracle_only.per_item[oracle_metric])
+    assert {k: v for k, v in judged.metrics.items() if not k.startswith("judge/")} == pytest.approx(
+        oracle_only.metrics, nan_ok=True)
+    # kept apart from the oracle-only result and per judge: read back for this judge; a judge named by a path
+    # (its weights may change under it) is always asked again
+    assert {json.loads(k.read_text())["judge"] for k in _kept(small, role)} >= {None, "zoo:judge"}
+    with monkeypatch.context() as m:
+        m.setattr(downstream, "_remote", _no_evaluation)
+        assert evaluate(judged_cfg, f"zoo:{role}", judge="zoo:judge").per_item == judged.per_item
+        with pytest.raises(AssertionError, match="evaluated again"):
+            evaluate(judged_cfg, f"zoo:{role}", judge=resolve_model_path(ModelRef(path="zoo:judge"), small))
+
+
+def test_a_judge_whose_ratings_do_not_parse_gives_no_score(ray_local, small):
+    """The zoo judge has never judged: its outputs do not parse, so every item is NaN, never a coerced rating."""
+    judged = downstream.evaluate_policy_ref(small, "zoo:policy", judge="zoo:judge")
+    scores = judged.per_item["judge/pointwise/score"]
+    assert len(scores) == 10 and all(s != s for s in scores)
+    assert judged.metrics["judge/pointwise/parse_failure_rate"] == 1.0
+    assert judged.metrics["judge/pointwise/score"] != judged.metrics["judge/pointwise/score"]  # NaN
 
 
 def _kept(cfg, role: str) -> list[Path]:
