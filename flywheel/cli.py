@@ -66,7 +66,8 @@ def models_build(config: ConfigOpt = Path("configs/local.yaml"), overrides: Over
 def run(config: ConfigOpt = Path("configs/local.yaml"), overrides: Overrides = None,
         iterations: Annotated[int, typer.Option(help="Iterations to run, each from the last's champions.")] = 1,
         start: Annotated[int, typer.Option(help="Number of the first iteration.")] = 0,
-        resume: Annotated[bool, typer.Option(help="Accepted for clarity; always on: a finished iteration is "
+        resume: Annotated[bool, typer.Option("--resume", show_default=False,
+                                             help="Accepted for clarity; always on: a finished iteration is "
                                                   "skipped, an unfinished one resumes from the models it started "
                                                   "from, and each stage skips work whose output exists with the "
                                                   "same config and inputs.")] = False) -> None:

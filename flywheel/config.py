@@ -620,7 +620,9 @@ def _explain(err: ValidationError, path: Path, overridden: dict[str, str]) -> st
     lines = []
     for e in err.errors():
         key = ".".join(str(p) for p in e["loc"])
-        source = next((f"override '{t}'" for k, t in overridden.items() if key == k or key.startswith(k + ".")), None)
+        # an override names the key, a key under it, or (a section it created) one above it
+        source = next((f"override '{t}'" for k, t in overridden.items()
+                       if key == k or key.startswith(k + ".") or k.startswith(key + ".")), None)
         where = source or str(path)
         if e["type"] == "extra_forbidden":
             lines.append(f"{where}: unknown key '{key}'")

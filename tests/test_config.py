@@ -78,6 +78,11 @@ def test_bad_override_is_blamed_not_the_file():
         load_config(None, ["train.learning_rate=1"])
     with pytest.raises(ConfigError, match="expected key=value"):
         parse_override("train.lr")
+    # an override that creates an unknown section is blamed too, not the file it was applied to
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["faults.caption_share=0.1"])
+    assert "override 'faults.caption_share=0.1': unknown key 'faults'" in str(e.value)
+    assert "local.yaml" not in str(e.value)
 
 
 def test_expected_rating_readout_needs_the_ratings_logprobs():
