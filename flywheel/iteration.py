@@ -353,6 +353,7 @@ def _promote_best_update(cfg: Config, role: str, base: str, outcomes: list, eval
     """The gate of one policy's updates: refused ones (guard fired, or no held-out gain) never reach
     gate.decide - they get a refusal with the guard's reason; the best of the others is evaluated downstream
     and gated against the champion. The method comparison is logged either way."""
+    from flywheel.evaluate.downstream import ORACLE_METRIC, needs_judge, oracle_check
     from flywheel.train.updates import choose_update
 
     choice = choose_update(outcomes)
@@ -368,6 +369,10 @@ def _promote_best_update(cfg: Config, role: str, base: str, outcomes: list, eval
                                     "methods": choice.comparison()}
             mlflow.log_metrics({f"{role}.before.{k}": v for k, v in before.metrics.items() if v == v} |
                                {f"{role}.after.{k}": v for k, v in after.metrics.items() if v == v})
+            if needs_judge(metric) and ORACLE_METRIC[role] in after.per_item:  # the oracle world can check it
+                check = res.downstream[role]["oracle_check"] = oracle_check(role, metric, before, after)
+                mlflow.log_metrics({f"{role}.oracle_check.{k}": v for k, v in check.items()
+                                    if isinstance(v, float) and v == v})
     with stage(f"gate-{role}"):
         mlflow.log_dict(choice.comparison(), f"gate/{role}-methods.json")
         for o in choice.refused:
@@ -454,9 +459,17 @@ def _markdown(s: dict) -> str:
             lines += ["", f"*Ranking accuracy per sub-task, {split}:* " + ", ".join(f"{t} {_cell(v)}"
                                                                                for v, t in ranked)]
     for role, d in s["downstream"].items():
-        lines += ["", f"**{role}** (oracle, before → after): " + ", ".join(
+        judged = " (judge/… by the serving judge, the rest by the oracle)" if "oracle_check" in d else " (oracle)"
+        lines += ["", f"**{role}**{judged}, before → after: " + ", ".join(
             f"{k} {d['before'].get(k, float('nan')):.3f} → {v:.3f}" for k, v in d["after"].items()
             if not k.startswith("dim"))]
+        if c := d.get("oracle_check"):
+            agree = (f"ROC AUC {c['auc']:.3f}" if "auc" in c else
+                     f"Spearman {c['spearman']:.3f}" if "spearman" in c else "not measurable")
+            test = (f"; its {c['test']}: {c['better']:.0f} better, {c['worse']:.0f} worse, p={c['p']:.2g}"
+                    if "test" in c else "")
+            lines += ["", f"*The oracle's check of this judge-gated update:* {c['metric']} {c['before']:.3f} → "
+                      f"{c['after']:.3f}{test}; the judge's ratings vs the oracle's per answer: {agree}"]
     pv = s.get("pairs_vs_oracle") or {}
     if pv:  # the judge's quality where it is spent (flywheel/worlds/shapes/pair_check.py)
         keys = [*sorted({k.split("/")[0] for k in pv} - {"all"}), "all"]

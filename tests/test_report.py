@@ -194,3 +194,20 @@ def test_the_iteration_description_says_which_update_waits_for_pairs_and_what_a_
                           "- policy's update trained on 310 pairs pooled from iterations 4-7", ""]
     summary["pools"] = {"policy": {"pairs": 70, "needs": 0, "iterations": [0]}}  # no pool: nothing to say
     assert _markdown(summary).splitlines()[3:5] == ["- none (no model reached a gate)", ""]
+
+
+def test_the_iteration_description_shows_the_oracles_check_of_a_judge_gated_update():
+    from flywheel.iteration import _markdown
+
+    judged = {"before": {"accuracy": 0.55, "judge/pointwise/score": 3.1},
+              "after": {"accuracy": 0.64, "judge/pointwise/score": 3.6},
+              "oracle_check": {"metric": "accuracy", "before": 0.55, "after": 0.64, "test": "McNemar", "better": 14.0,
+                               "worse": 3.0, "p": 0.0064, "auc": 0.71}}
+    summary = {"iteration": 4, "decisions": [], "downstream": {"policy": judged, "generator": {
+        "before": {"score10": 5.2}, "after": {"score10": 5.3}}}, "seconds": {}, "counts": {}, "meta_eval": {}}
+    lines = _markdown(summary).splitlines()
+    assert ("**policy** (judge/… by the serving judge, the rest by the oracle), before → after: accuracy 0.550 → "
+            "0.640, judge/pointwise/score 3.100 → 3.600") in lines
+    assert ("*The oracle's check of this judge-gated update:* accuracy 0.550 → 0.640; its McNemar: 14 better, "
+            "3 worse, p=0.0064; the judge's ratings vs the oracle's per answer: ROC AUC 0.710") in lines
+    assert "**generator** (oracle), before → after: score10 5.200 → 5.300" in lines

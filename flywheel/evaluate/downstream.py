@@ -30,6 +30,7 @@ log = logging.getLogger(__name__)
 # check_text.py, check_image.py), so results kept by the older code are not read back.
 SCORING_VERSION = 1
 JUDGE_METRIC_PREFIX = "judge/"
+ORACLE_METRIC = {"policy": "accuracy", "generator": "score10"}  # each role's oracle metric with per-item values
 
 
 @dataclass
@@ -44,6 +45,34 @@ class Downstream:
 def needs_judge(metric: str) -> bool:
     """A gate metric the serving judge measures (`judge/pointwise/score`), not the oracle."""
     return metric.startswith(JUDGE_METRIC_PREFIX)
+
+
+def oracle_check(role: str, metric: str, before: Downstream, after: Downstream) -> dict[str, float | str]:
+    """In the oracle world, what the oracle says of a judge-gated update (`metric` a judge metric): its own paired
+    test on the same items (test, better, worse, p) and how well the judge's ratings of
+    all these answers follow the oracle's per-item values: ROC AUC for right/wrong items (P(a right answer is
+    rated above a wrong one), ties half), else Spearman's rho. Items the judge could not rate are left out."""
+    from scipy import stats
+
+    from flywheel.gate import Untestable, paired_items
+
+    oracle = ORACLE_METRIC[role]
+    out: dict[str, float | str] = {"metric": oracle, "before": before.metrics[oracle], "after": after.metrics[oracle]}
+    try:
+        out["test"], out["better"], out["worse"], out["p"] = paired_items(after.per_item[oracle],
+                                                                          before.per_item[oracle])
+    except Untestable:
+        pass
+    rated = [(j, o) for d in (before, after) for j, o in zip(d.per_item[metric], d.per_item[oracle], strict=True)
+             if j == j]
+    right = [j for j, o in rated if o == 1.0]
+    wrong = [j for j, o in rated if o == 0.0]
+    if len(right) + len(wrong) == len(rated) and right and wrong:
+        u = stats.mannwhitneyu(right, wrong).statistic
+        out["auc"] = float(u / (len(right) * len(wrong)))
+    elif len(rated) > 2 and len({o for _, o in rated}) > 1 and len({j for j, _ in rated}) > 1:
+        out["spearman"] = float(stats.spearmanr([j for j, _ in rated], [o for _, o in rated]).statistic)
+    return out
 
 
 def _policy(cfg: Config, ref: str, judge: str | None = None) -> Downstream:

@@ -96,3 +96,27 @@ def test_a_judge_whose_ratings_do_not_parse_gives_no_score(ray_local, small):
 
 def _kept(cfg, role: str) -> list[Path]:
     return sorted(Path(cfg.storage.uri, "downstream-evals").glob(f"{role}-*.json"))
+
+
+def _judged(right: list[float], ratings: list[float], oracle: str = "accuracy") -> downstream.Downstream:
+    return downstream.Downstream({oracle: sum(right) / len(right)},
+                                 {oracle: right, "judge/pointwise/score": ratings})
+
+
+def test_the_oracle_checks_a_judge_gated_update_item_by_item():
+    """In the oracle world a judge-gated update is checked: the oracle's own paired test on the same items, and how
+    often the judge rates a right answer above a wrong one (ROC AUC, ties half); unrated answers are left out."""
+    nan = float("nan")
+    before = _judged([1.0, 0.0, 0.0, 0.0], [4.0, 2.0, 2.0, nan])
+    after = _judged([1.0, 1.0, 1.0, 0.0], [4.0, 4.0, 3.0, 2.0])
+    c = downstream.oracle_check("policy", "judge/pointwise/score", before, after)
+    assert (c["metric"], c["before"], c["after"]) == ("accuracy", 0.25, 0.75)
+    assert (c["test"], c["better"], c["worse"]) == ("McNemar", 2, 0) and c["p"] == pytest.approx(0.25)
+    # right answers rated 4, 4, 4, 3 against wrong ones 2, 2, 2: every right one above every wrong one
+    assert c["auc"] == 1.0
+    swapped = _judged([1.0, 1.0, 1.0, 0.0], [1.0, 1.0, 1.0, 5.0])  # the judge prefers the wrong answer
+    assert downstream.oracle_check("policy", "judge/pointwise/score", before, swapped)["auc"] == pytest.approx(2 / 12)
+    images = downstream.oracle_check("generator", "judge/pointwise/score",
+                                     _judged([2.0, 5.0, 7.0], [1.0, 3.0, 2.0], "score10"),
+                                     _judged([3.0, 6.0, 9.0], [1.5, 3.5, 4.5], "score10"))
+    assert images["test"] == "Wilcoxon" and "auc" not in images and -1.0 <= images["spearman"] <= 1.0
