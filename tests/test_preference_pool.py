@@ -8,8 +8,9 @@ import pytest
 from flywheel import storage
 from flywheel.config import load_config
 from flywheel.datasets import read_manifest, read_rows, write_dataset
-from flywheel.iteration import (IterationResult, _markdown, _pool, _relabel, _train_and_gate_policies, iteration_dir,
-                                paths, with_models)
+from flywheel.iteration import (IterationResult, _pool, _relabel, _train_and_gate_policies, iteration_dir, paths,
+                                with_models)
+from flywheel.iteration_summary import describe
 from flywheel.iteration_record import IterationRecord
 from flywheel.preference_pool import pool_pairs, pooled_iterations, ranked_by
 from flywheel.train.synthetic import write_synthetic
@@ -154,7 +155,7 @@ def test_a_due_pool_has_the_current_judge_rank_the_earlier_iterations_again(tmp_
     summary = {"iteration": 2, "decisions": [], "pools": res.pools, "relabeled": {"0": res.relabeled[0]},
                "meta_eval": {}, "downstream": {}, "seconds": {}, "counts": {}}
     assert "pooled pairs of iterations 0 were ranked again by this iteration's judge; right by the oracle " \
-           "(of graded): 0: 0/1 → 1/1" in _markdown(summary)
+           "(of graded): 0: 0/1 → 1/1" in describe(summary)
     # pairs the current judge ranked already are not ranked again
     _iteration_with_pairs(cfg, 1, 8, 4, judge="judge@now")
     calls.clear()

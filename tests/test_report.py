@@ -12,6 +12,7 @@ from flywheel.cli import app
 from flywheel.config import load_config
 from flywheel.gate import Decision
 from flywheel.iteration import IterationResult, _summarize
+from flywheel.iteration_summary import describe
 from flywheel.report import iteration_rows, row_of
 from flywheel.track import Tracker
 
@@ -147,65 +148,55 @@ def test_an_unreadable_summary_is_named_and_the_other_iterations_still_show(tmp_
 
 
 def test_the_iteration_description_names_the_sub_tasks_worst_first():
-    from flywheel.iteration import _markdown
-
     summary = {"iteration": 3, "decisions": [], "downstream": {}, "seconds": {}, "counts": {},
                "meta_eval": {"challenger": _meta(0.73), "teacher": _meta(0.95)}}
-    lines = [line for line in _markdown(summary).splitlines() if "per sub-task" in line]
+    lines = [line for line in describe(summary).splitlines() if "per sub-task" in line]
     assert lines == ["*Ranking accuracy per sub-task, id-test:* iu_caption 0.530, iu_count 1.000",
                      "*Ranking accuracy per sub-task, ood-test:* ig_relation 0.630"]  # the challenger's only
 
 
 def test_the_iteration_description_says_what_the_next_judge_trains_from():
-    from flywheel.iteration import _markdown
-
     kept_out = {"model": "judge", "promoted": False, "reason": "0.80 ≤ champion 0.84: champion stays",
                 "next_start": {"start": "models:/judge/20", "reason": "p=0.17 ≥ alpha 0.05: within noise"}}
     summary = {"iteration": 9, "decisions": [kept_out, {"model": "policy", "promoted": False, "reason": "refused"}],
                "downstream": {}, "seconds": {}, "counts": {}, "meta_eval": {}}
-    lines = _markdown(summary).splitlines()
+    lines = describe(summary).splitlines()
     assert lines[3:6] == ["- judge: kept champion — 0.80 ≤ champion 0.84: champion stays",
                           "- policy: kept champion — refused",
                           "- judge's next training starts from models:/judge/20 — p=0.17 ≥ alpha 0.05: within noise"]
 
 
 def test_the_iteration_description_shows_each_stages_load_and_flags_a_busy_machine():
-    from flywheel.iteration import _markdown
-
     summary = {"iteration": 3, "decisions": [], "downstream": {}, "counts": {}, "meta_eval": {},
                "seconds": {"labels": 40.0, "judge-sft": 846.0}, "load": {"labels": 2.1, "judge-sft": 4.3}, "cpus": 2}
-    text = _markdown(summary)
+    text = describe(summary)
     assert "| judge-sft | 846.0 | 4.3 |" in text and "| labels | 40.0 | 2.1 |" in text and "(2 CPUs)" in text
     assert "*Times inflated: machine busy: load 4.3 on 2 CPUs during judge-sft.*" in text
     summary["load"]["judge-sft"] = 2.4
-    assert "inflated" not in _markdown(summary)
+    assert "inflated" not in describe(summary)
     del summary["load"], summary["cpus"]  # a summary written before the load was kept
-    assert "| judge-sft | 846.0 | — |" in _markdown(summary)
+    assert "| judge-sft | 846.0 | — |" in describe(summary)
 
 
 def test_the_iteration_description_says_which_update_waits_for_pairs_and_what_a_pool_trained_on():
-    from flywheel.iteration import _markdown
-
     summary = {"iteration": 7, "decisions": [], "downstream": {}, "seconds": {}, "meta_eval": {}, "counts": {},
                "pools": {"policy": {"pairs": 310, "needs": 300, "iterations": [4, 5, 6, 7]},
                          "generator": {"pairs": 234, "needs": 300, "iterations": [5, 6, 7]}}}
-    lines = _markdown(summary).splitlines()
+    lines = describe(summary).splitlines()
     assert lines[3:6] == ["- generator: not trained — its update waits for 300 pairs; 234 pooled from iterations 5-7",
                           "- policy's update trained on 310 pairs pooled from iterations 4-7", ""]
     summary["pools"] = {"policy": {"pairs": 70, "needs": 0, "iterations": [0]}}  # no pool: nothing to say
-    assert _markdown(summary).splitlines()[3:5] == ["- none (no model reached a gate)", ""]
+    assert describe(summary).splitlines()[3:5] == ["- none (no model reached a gate)", ""]
 
 
 def test_the_iteration_description_shows_the_oracles_check_of_a_judge_gated_update():
-    from flywheel.iteration import _markdown
-
     judged = {"before": {"accuracy": 0.55, "judge/pointwise/score": 3.1},
               "after": {"accuracy": 0.64, "judge/pointwise/score": 3.6},
               "oracle_check": {"metric": "accuracy", "before": 0.55, "after": 0.64, "test": "McNemar", "better": 14.0,
                                "worse": 3.0, "p": 0.0064, "auc": 0.71}}
     summary = {"iteration": 4, "decisions": [], "downstream": {"policy": judged, "generator": {
         "before": {"score10": 5.2}, "after": {"score10": 5.3}}}, "seconds": {}, "counts": {}, "meta_eval": {}}
-    lines = _markdown(summary).splitlines()
+    lines = describe(summary).splitlines()
     assert ("**policy** (judge/… by the serving judge, the rest by the oracle), before → after: accuracy 0.550 → "
             "0.640, judge/pointwise/score 3.100 → 3.600") in lines
     assert ("*The oracle's check of this judge-gated update:* accuracy 0.550 → 0.640; its McNemar: 14 better, "
