@@ -1,13 +1,13 @@
-"""Downstream evaluation of the policies by the oracle: held-out items, scored against ground truth.
+"""Downstream evaluation of the policies: held-out items, scored by the oracle against ground truth and, for a
+judge-scored gate metric, by the serving judge.
 
 Run inside a Ray task with the candidates stage's resources, so on a cluster the 7B policy lands on a GPU node.
 
-A gate metric named `judge/...` (gate.policy_metric, gate.generator_metric) is the serving champion judge's
-instead: its pointwise ratings of the same answers, in the same task after the policy is freed, for prompts
-that have no ground truth. The oracle's metrics are still measured beside it, so in the oracle world the two can
-be compared. Before and after are rated by the
-same judge in the same iteration, so the gate compares like with like; a policy trained on that judge's
-preferences can learn its blind spots, which only the oracle's metrics show.
+A gate metric named `judge/...` (gate.policy_metric, gate.generator_metric) is the serving champion judge's: its
+pointwise ratings of the same answers, in the same task after the policy is freed, for prompts that have no
+ground truth. The oracle's metrics are still measured beside it, so in the oracle world the two can be compared
+(`oracle_check`). Before and after are rated by the same judge in the same iteration, so the gate compares like
+with like; a policy trained on that judge's preferences can learn its blind spots, which only the oracle shows.
 
 A result is kept under <storage>/downstream-evals/ when the model cannot change under its name (a registered
 version, a hash-named zoo or world folder): an unpromoted champion is the "before" of every iteration, and a

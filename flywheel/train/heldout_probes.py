@@ -89,13 +89,10 @@ class JudgeScorer:
         """prompts: records without ids; outputs: per prompt {"output_text": ...} or {"output_images": [...]}.
         The judge curve is optional: a judge that fails outright is logged and skipped, never the training."""
         try:
-            return self._score(prompts, outputs)
+            return self.score_items(prompts, outputs)[0]
         except Exception as e:  # noqa: BLE001 - an optional measure must not end a training
             log.warning("held-out judge scoring failed (%s: %s); no judge point at this step", type(e).__name__, e)
             return {}
-
-    def _score(self, prompts: list[dict], outputs: list[dict]) -> dict[str, float]:
-        return self.score_items(prompts, outputs)[0]
 
     def score_items(self, prompts: list[dict], outputs: list[dict]) -> tuple[dict[str, float], dict[str, list[float]]]:
         """(per protocol `judge/<protocol>/score`, the mean rating of the outputs the judge rated, and
