@@ -29,6 +29,8 @@ log = logging.getLogger(__name__)
 # Part of a kept result's key: bump it when the oracle's scoring of held-out items changes (policy_eval.py,
 # check_text.py, check_image.py), so results kept by the older code are not read back.
 SCORING_VERSION = 1
+# The same for a judge's scoring of them (flywheel/train/heldout_probes.py JudgeScorer). 2: answers stripped.
+JUDGE_SCORING_VERSION = 2
 JUDGE_METRIC_PREFIX = "judge/"
 ORACLE_METRIC = {"policy": "accuracy", "generator": "score10"}  # each role's oracle metric with per-item values
 
@@ -159,7 +161,7 @@ def _cached(role: str, fn, cfg: Config, ref: str, judge: str | None) -> Downstre
         return _remote(fn, cfg, ref, judge)
     setting = cfg.stage_hash(f"downstream-{role}")  # the held-out items and the decoding
     # an oracle-only result keeps the key it always had
-    judged = "" if judge is None else f"|{scorer}|{cfg.stage_hash('downstream-judge')}"
+    judged = "" if judge is None else f"|{scorer}|{cfg.stage_hash('downstream-judge')}|{JUDGE_SCORING_VERSION}"
     key = hashlib.sha256(f"{SCORING_VERSION}|{setting}|{model}{judged}".encode()).hexdigest()[:16]
     uri = storage.join(cfg.storage.uri, "downstream-evals", f"{role}-{key}.json")
     if storage.exists(uri):

@@ -103,8 +103,11 @@ class JudgeScorer:
         from flywheel.stages.judgments import JudgmentsCore
 
         prompts = with_ids("prompt", prompts)
+        # stripped as the candidates stage stores a policy's text: a decoded answer starts with a space (" Yes."),
+        # which the judge never saw in training and rated as if it were right (runs/t13, docs/results.md)
         cands = with_ids("candidate", [{"prompt_id": p["prompt_id"], "producer": "heldout", "sample_index": 0,
-                                        "output_text": o.get("output_text"),
+                                        "output_text": None if o.get("output_text") is None
+                                        else o["output_text"].strip(),
                                         "output_images": o.get("output_images", []), "meta": None}
                                        for p, o in zip(prompts, outputs, strict=True)])
         position = {c["candidate_id"]: i for i, c in enumerate(cands)}

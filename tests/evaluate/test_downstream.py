@@ -120,3 +120,25 @@ def test_the_oracle_checks_a_judge_gated_update_item_by_item():
                                      _judged([2.0, 5.0, 7.0], [1.0, 3.0, 2.0], "score10"),
                                      _judged([3.0, 6.0, 9.0], [1.5, 3.5, 4.5], "score10"))
     assert images["test"] == "Wilcoxon" and "auc" not in images and -1.0 <= images["spearman"] <= 1.0
+
+
+def test_the_judge_rates_a_policys_answer_as_the_candidates_stage_stores_it(small):
+    """A decoded answer starts with a space (" Yes."); the candidates stage strips it, so the judge trained on
+    stripped answers. Unstripped, the runs/t13 judge rated wrong existence answers as right (AUC 0.455 -> 1.0
+    stripped). The judge here is the world's oracle teacher, spied on for what it is shown."""
+    from flywheel.engines.oracle import OracleTextEngine
+    from flywheel.train.heldout_probes import JudgeScorer
+    from flywheel.worlds.shapes import policy_eval as pe
+
+    shown = []
+
+    class Spy(OracleTextEngine):
+        def generate(self, requests, **kw):
+            shown.extend(r.context["candidates"][0]["output_text"] for r in requests)
+            return super().generate(requests, **kw)
+
+    items = [it for it in pe.text_items(small.world.shapes, 8, 0) if it[3]["type"] == "existence"]
+    prompts = pe.text_prompt_records(items, small.world.shapes)
+    metrics, per_item = JudgeScorer(small, Spy(small.teacher, small.world.shapes)).score_items(
+        prompts, [{"output_text": " Yes.\n"} for _ in items])
+    assert shown == ["Yes."] * len(items) and len(per_item["judge/pointwise/score"]) == len(items)
