@@ -366,8 +366,8 @@ def _promote_best_update(cfg: Config, role: str, base: str, outcomes: list, eval
                                {f"{role}.after.{k}": v for k, v in after.metrics.items() if v == v})
             if needs_judge(metric) and ORACLE_METRIC[role] in after.per_item:  # the oracle world can check it
                 check = res.downstream[role]["oracle_check"] = oracle_check(role, metric, before, after)
-                mlflow.log_metrics({f"{role}.oracle_check.{k}": v for k, v in check.items()
-                                    if isinstance(v, float) and v == v})
+                mlflow.log_metrics({f"{role}.oracle_check.{k}": float(v) for k, v in check.items()
+                                    if not isinstance(v, str) and v == v})  # the test's name is in the summary
     with stage(f"gate-{role}"):
         mlflow.log_dict(choice.comparison(), f"gate/{role}-methods.json")
         for o in choice.refused:
