@@ -84,9 +84,8 @@ def _policy(cfg: Config, ref: str, judge: str | None = None) -> Downstream:
 
     gen = cfg.policy.generation.model_copy(update={"temperature": 0.0})  # greedy: the policy's own answer
     engine = HFTextEngine(resolve_model_path(ModelRef(path=ref), cfg), gen)
-    world, seed = cfg.world.shapes, cfg.run.seed
-    items = pe.text_items(world, cfg.gate.eval_items, seed)
-    results = engine.generate(pe.text_requests(items, world), seed=seed)
+    world = cfg.world.shapes
+    items, results = pe.answer_text_items(engine, world, cfg.gate.eval_items, cfg.run.seed)
     del engine  # before the judge loads: one model in memory at a time
     metrics, right = pe.score_text_items(items, results)
     out = Downstream(metrics, {"accuracy": right})
@@ -105,8 +104,7 @@ def _generator(cfg: Config, ref: str, judge: str | None = None) -> Downstream:
 
     engine = DiffusersImageEngine(resolve_model_path(ModelRef(path=ref), cfg), cfg.generator.generation)
     world, seed = cfg.world.shapes, cfg.run.seed
-    specs = pe.generator_items(world, cfg.gate.eval_items, seed, kinds)
-    results = engine.generate(pe.image_requests(specs, seed))
+    specs, results = pe.draw_generator_items(engine, world, cfg.gate.eval_items, seed, kinds)
     del engine
     metrics, scores = pe.score_image_items(specs, kinds, results, world)
     out = Downstream(metrics, {"score10": scores})

@@ -83,9 +83,14 @@ def evaluate_text_policy_items(engine, world: ShapesWorldConfig, n: int = 200, s
                                stream: int = GATE_STREAM) -> tuple[dict[str, float], dict[str, list[float]]]:
     """(metrics, per-item values of `accuracy` in item order): two policies answering the same items can be
     compared item by item (the gate's paired test)."""
-    items = text_items(world, n, seed, stream)
-    metrics, right = score_text_items(items, engine.generate(text_requests(items, world), seed=seed))
+    metrics, right = score_text_items(*answer_text_items(engine, world, n, seed, stream))
     return metrics, {"accuracy": right}
+
+
+def answer_text_items(engine, world: ShapesWorldConfig, n: int, seed: int, stream: int = GATE_STREAM):
+    """(the n held-out items, the engine's answers to them in item order)."""
+    items = text_items(world, n, seed, stream)
+    return items, engine.generate(text_requests(items, world), seed=seed)
 
 
 def score_text_answers(items: list, results: list) -> dict[str, float]:
@@ -138,9 +143,16 @@ def evaluate_generator_items(engine, world: ShapesWorldConfig, n: int = 120, see
                              kinds: tuple[str, ...] = ("single", "binding", "relation"),
                              stream: int = GATE_IMAGE_STREAM) -> tuple[dict[str, float], dict[str, list[float]]]:
     """(metrics, per-prompt `score10` in prompt order), for the gate's paired test."""
-    specs = generator_items(world, n, seed, kinds, stream)
-    metrics, scores = score_image_items(specs, kinds, engine.generate(image_requests(specs, seed)), world)
+    specs, results = draw_generator_items(engine, world, n, seed, kinds, stream)
+    metrics, scores = score_image_items(specs, kinds, results, world)
     return metrics, {"score10": scores}
+
+
+def draw_generator_items(engine, world: ShapesWorldConfig, n: int, seed: int, kinds: tuple[str, ...],
+                         stream: int = GATE_IMAGE_STREAM):
+    """(the n held-out draw specs, the engine's images for them in spec order)."""
+    specs = generator_items(world, n, seed, kinds, stream)
+    return specs, engine.generate(image_requests(specs, seed))
 
 
 def image_requests(specs: list, seed: int) -> list[ImageRequest]:
