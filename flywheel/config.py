@@ -214,6 +214,11 @@ class ResourcesConfig(StrictModel):
     candidates: StageResources = Field(StageResources(), description="Policy/generator sampling actors.")
     train: StageResources = Field(StageResources(), description="Ray Train workers (actors = num_workers).")
     serve: StageResources = Field(StageResources(), description="Ray Serve judge replicas.")
+    base_models: StageResources = Field(
+        StageResources(num_cpus=2), description="The one Ray task that builds the oracle world's base models "
+        "(`world:*`) when they are not cached; torch runs max(1, num_cpus) threads in it, and in `flywheel models "
+        "build`. A build is reproducible for a seed at one thread count only (floating-point sums run in another "
+        "order), so the count is pinned here rather than taken from the machine. `actors` is unused.")
 
 
 class SourceSpec(StrictModel):

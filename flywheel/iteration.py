@@ -86,8 +86,7 @@ def with_models(cfg: Config, **refs: str) -> Config:
 
 def run_iteration(cfg: Config, n: int, tracker: Tracker | None = None) -> IterationResult:
     from flywheel.evaluate import meta
-    from flywheel.models.zoo import build_world
-    from flywheel.stages import candidates, curate, gold, judgments, prompts
+    from flywheel.stages import base_models, candidates, curate, gold, judgments, prompts
 
     it_dir = iteration_dir(cfg, n)
     record = start_record(cfg, n)
@@ -117,7 +116,7 @@ def run_iteration(cfg: Config, n: int, tracker: Tracker | None = None) -> Iterat
         start = with_models(cfg, **record.start)
 
         with stage("models"):
-            build_world(cfg)
+            base_models.run(cfg)
         with stage("prompts"):  # fresh prompts every iteration; the test splits' prompts never reach train
             res.counts["prompts"] = prompts.run(start, p["prompts"], tracker, iteration=n).manifest.row_count
             res.counts["prompts_train"] = prompts.run_split(start, p["prompts"], p["prompts-train"]).row_count

@@ -16,6 +16,7 @@ import json
 import logging
 import shutil
 from collections.abc import Iterable
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -88,17 +89,42 @@ def world_path(cfg: Config, name: str) -> Path:
     return make(zoo_path(cfg, name), zoo_root(cfg), w.shapes, w.base_policies, cfg.run.seed)
 
 
+def world_models(cfg: Config, only: Iterable[str] | None = None) -> list[str]:
+    """The world's base models the config uses (`world:<name>`), of `only` if given."""
+    wanted = set(WORLD_NAMES if only is None else only)
+    return [m for m in WORLD_NAMES if m in wanted and getattr(cfg.models, m).path == WORLD_PREFIX + m]
+
+
+def world_built(cfg: Config, name: str) -> bool:
+    return (world_path(cfg, name) / ".complete").exists()
+
+
 def build_world(cfg: Config, only: Iterable[str] | None = None) -> dict[str, tuple[Path, dict]]:
-    """Build the zoo, then the world's base policies the config uses (cached); name -> (folder, metrics).
-    only: of those, just these names (e.g. a bench of the policy alone need not build the judge base)."""
+    """Build the zoo, then the world's base models the config uses (cached); name -> (folder, metrics).
+    only: of those, just these names (e.g. a bench of the policy alone need not build the judge base).
+    Torch runs `resources.base_models.num_cpus` threads meanwhile: the same build on another thread count sums
+    in another order and ends elsewhere after thousands of steps (stages/base_models.py runs it in a Ray task)."""
     from flywheel.worlds.shapes.base_policies import build_base_generator, build_base_judge, build_base_policy
 
     builders = {"judge": build_base_judge, "policy": build_base_policy, "generator": build_base_generator}
-    wanted = set(WORLD_NAMES if only is None else only)
     zoo = build_zoo(cfg)
     w = cfg.world
-    return {m: builders[m](zoo[m], zoo_root(cfg), w.shapes, w.base_policies, cfg.run.seed)
-            for m in WORLD_NAMES if m in wanted and getattr(cfg.models, m).path == WORLD_PREFIX + m}
+    threads = max(1, int(cfg.resources.base_models.num_cpus))
+    with torch_threads(threads):
+        out = {m: builders[m](zoo[m], zoo_root(cfg), w.shapes, w.base_policies, cfg.run.seed)
+               for m in world_models(cfg, only)}
+    return out
+
+
+@contextmanager
+def torch_threads(n: int):
+    """torch's intra-op thread count set to `n` for the block, then restored."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def resolve_model_path(ref: ModelRef, cfg: Config) -> str:

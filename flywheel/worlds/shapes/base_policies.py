@@ -14,6 +14,7 @@ import math
 import shutil
 from pathlib import Path
 
+import torch
 from pydantic import BaseModel
 
 from flywheel.models.pretrain_generator import pretrain_generator
@@ -40,7 +41,10 @@ def _build(out: Path, train) -> tuple[Path, dict]:
         return out, json.loads((out / ".complete").read_text())
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    metrics = train(tmp)
+    # The weights of a seeded build depend on the thread count and the CPU kernels' instruction set (AVX512 vs
+    # AVX2 sum in other orders): kept beside the metrics so two builds can be compared.
+    metrics = train(tmp) | {"torch_threads": torch.get_num_threads(),
+                            "torch_cpu_capability": torch.backends.cpu.get_cpu_capability()}
     (tmp / ".complete").write_text(json.dumps(metrics, sort_keys=True))
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)
