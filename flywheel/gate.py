@@ -211,8 +211,12 @@ def _rule(metric: str, value: float, champ_value: float, margin: float, alpha: f
         return False, f"{metric} of the challenger is undefined (NaN)", None
     if not (math.isnan(champ_value) or value > champ_value + margin):  # "beats": strictly better
         return False, f"{metric} {value:.4f} ≤ champion {champ_value:.4f} + margin {margin}: champion stays", None
-    beats = (f"{metric} {value:.4f} > champion {champ_value:.4f} + margin {margin}" if champ_value > -math.inf
-             else f"{metric} {value:.4f}, no champion or baseline to beat yet")
+    if math.isnan(champ_value):  # e.g. none of the judge's ratings of the champion's answers parsed
+        beats = f"{metric} {value:.4f}, the champion's is undefined (NaN): a defined value beats it"
+    elif champ_value > -math.inf:
+        beats = f"{metric} {value:.4f} > champion {champ_value:.4f} + margin {margin}"
+    else:
+        beats = f"{metric} {value:.4f}, no champion or baseline to beat yet"
     if alpha is None:
         return True, beats, None
     try:

@@ -58,6 +58,15 @@ def test_without_champion_or_baseline_the_first_version_is_promoted_unless_undef
     assert gate.champion_of(cfg, "judge") == v2
 
 
+def test_a_defined_value_beats_an_undefined_champion_and_says_so(cfg):
+    """A judge-scored baseline is NaN when none of the judge's ratings of the champion's answers parsed."""
+    v1 = _version(cfg, "policy-llava")
+    d = gate.decide(cfg, v1, 3.2, "judge/pointwise/score", 0.0, baseline=("world:policy", math.nan), alpha=0.05,
+                    items=([3.0, 4.0], [math.nan, math.nan]))
+    assert d.promoted and "the champion's is undefined (NaN)" in d.reason and "paired test not run" in d.reason
+    assert "no champion or baseline" not in d.reason
+
+
 def test_a_tie_or_nan_never_promotes(cfg):
     v1 = _version(cfg)
     assert not gate.decide(cfg, v1, 0.5, "acc", 0.0, baseline=("zoo:judge", 0.5)).promoted
