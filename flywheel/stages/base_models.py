@@ -27,12 +27,14 @@ def run(cfg: Config) -> dict[str, tuple[Path, dict]]:
         return build_world(cfg)
     init_ray(cfg)
     opts = remote_options(cfg.resources.base_models)
-    cpus = ray.cluster_resources().get("CPU", 0)
-    if opts["num_cpus"] > cpus:  # a task asking for more than the cluster has would wait forever
-        log.warning("base models: resources.base_models.num_cpus %s > the cluster's %s CPUs; the task takes %s "
-                    "(torch still runs %d threads: the same build)", opts["num_cpus"], cpus, cpus,
+    # A task must fit on one node: asking more than the largest has would wait forever on a fixed cluster. A
+    # cluster of 0-CPU nodes (a head that runs nothing, workers still to come) keeps the ask for its autoscaler.
+    largest = max((n["Resources"].get("CPU", 0) for n in ray.nodes() if n["Alive"]), default=0)
+    if 0 < largest < opts["num_cpus"]:
+        log.warning("base models: resources.base_models.num_cpus %s > the largest node's %s CPUs; the task takes "
+                    "%s (torch still runs %d threads: the same build)", opts["num_cpus"], largest, largest,
                     max(1, int(cfg.resources.base_models.num_cpus)))
-        opts["num_cpus"] = cpus
+        opts["num_cpus"] = largest
     log.info("base models: building %s in a Ray task (%s CPUs) into %s", ", ".join(due), opts["num_cpus"],
              zoo_root(cfg))
     return ray.get(ray.remote(build_world).options(**opts).remote(cfg))

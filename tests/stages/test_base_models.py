@@ -57,7 +57,7 @@ def test_a_due_build_runs_in_a_ray_task_and_matches_a_build_in_the_driver(one_cp
     monkeypatch.setattr(base_models.ray, "remote", spy)
     built = base_models.run(cfg)
     assert list(built) == ["policy"]
-    assert [o["num_cpus"] for o in asked] == [1]  # 2 asked, the cluster has 1: capped, not left waiting
+    assert [o["num_cpus"] for o in asked] == [1]  # 2 asked, the largest node has 1: capped, not left waiting
     path, metrics = built["policy"]
     assert (path / ".complete").exists() and metrics["torch_threads"] == 2  # pinned, not the task's 1
     assert metrics["torch_cpu_capability"] == torch.backends.cpu.get_cpu_capability()  # e.g. AVX512: kept
