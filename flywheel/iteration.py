@@ -116,7 +116,7 @@ def run_iteration(cfg: Config, n: int, tracker: Tracker | None = None) -> Iterat
         start = with_models(cfg, **record.start)
 
         with stage("models"):
-            base_models.run(cfg)
+            base_models.log_to_mlflow(base_models.run(cfg))
         with stage("prompts"):  # fresh prompts every iteration; the test splits' prompts never reach train
             res.counts["prompts"] = prompts.run(start, p["prompts"], tracker, iteration=n).manifest.row_count
             res.counts["prompts_train"] = prompts.run_split(start, p["prompts"], p["prompts-train"]).row_count

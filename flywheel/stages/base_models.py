@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+import mlflow
 import ray
 
 from flywheel.config import Config
@@ -38,3 +39,13 @@ def run(cfg: Config) -> dict[str, tuple[Path, dict]]:
     log.info("base models: building %s in a Ray task (%s CPUs) into %s", ", ".join(due), opts["num_cpus"],
              zoo_root(cfg))
     return ray.get(ray.remote(build_world).options(**opts).remote(cfg))
+
+
+def log_to_mlflow(built: dict[str, tuple[Path, dict]]) -> None:
+    """On the active (models stage) run: each base model's folder and build metrics, so a reviewer sees in MLflow
+    what the loop started from (e.g. the judge base's perception accuracy) and how it was built (threads, CPU)."""
+    for name, (path, metrics) in built.items():
+        mlflow.set_tags({f"flywheel.base.{name}": str(path)} |
+                        {f"flywheel.base.{name}.{k}": str(v) for k, v in metrics.items() if isinstance(v, str)})
+        mlflow.log_metrics({f"base.{name}.{k}": float(v) for k, v in metrics.items()
+                            if isinstance(v, int | float) and not isinstance(v, bool) and v == v})

@@ -86,3 +86,22 @@ def test_nothing_due_starts_no_ray(tmp_path, monkeypatch):
     (cached / ".complete").write_text('{"sft_loss": 0.5}')
     monkeypatch.setattr(base_models, "init_ray", lambda cfg: pytest.fail("Ray started for a cached build"))
     assert base_models.run(cfg) == {"policy": (cached, {"sft_loss": 0.5})}
+
+
+def test_the_models_stage_run_shows_what_each_base_is_and_how_it_was_built(tmp_path):
+    import mlflow
+    from mlflow import MlflowClient
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    mlflow.set_tracking_uri(uri)
+    try:
+        with mlflow.start_run() as run:
+            base_models.log_to_mlflow({"judge": (tmp_path / "judge-base-x", {
+                "perception/accuracy": 0.93, "torch_threads": 2, "torch_cpu_capability": "AVX512",
+                "undefined": float("nan")})})
+    finally:
+        mlflow.set_tracking_uri(None)
+    got = MlflowClient(uri).get_run(run.info.run_id).data
+    assert got.metrics == {"base.judge.perception/accuracy": 0.93, "base.judge.torch_threads": 2.0}
+    assert got.tags["flywheel.base.judge"] == str(tmp_path / "judge-base-x")
+    assert got.tags["flywheel.base.judge.torch_cpu_capability"] == "AVX512"
