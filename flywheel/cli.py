@@ -252,7 +252,7 @@ def schedule(config: ConfigOpt = Path("configs/local.yaml"), overrides: Override
              max_attempts: Annotated[int, typer.Option(help="Attempts of one iteration (the first and its "
                                                             "resumptions) before the scheduler halts.")] = 3,
              name: Annotated[str | None, typer.Option(help="Schedule name that marks our jobs; default the "
-                                                           "config's MLflow experiment.")] = None,
+                                                           "config's MLflow experiment and a hash of run.workdir.")] = None,
              job: Annotated[str, typer.Option(help="Entrypoint script, relative to the working dir.")]
              = "jobs/iteration.py",
              working_dir: Annotated[Path, typer.Option(help="Uploaded with every job (the project; .gitignore "
@@ -264,7 +264,7 @@ def schedule(config: ConfigOpt = Path("configs/local.yaml"), overrides: Override
     """Submit flywheel iterations to a Ray cluster on a schedule: one at a time, a failed one resumed first."""
     _setup_logging()
     from flywheel.schedule import DecisionLog, IterationJobs, Scheduler, ScheduleError, Timing, \
-        config_relative_to, make_client
+        config_relative_to, default_name, make_client
 
     cfg = _load(config, overrides)
     try:
@@ -274,7 +274,8 @@ def schedule(config: ConfigOpt = Path("configs/local.yaml"), overrides: Override
         # The job gets the workdir as it resolves here (absolute), so it writes where this process reads.
         job_overrides = [*(o for o in overrides or [] if not o.startswith("run.workdir=")),
                          f"run.workdir={cfg.run.workdir}"]
-        jobs = IterationJobs(None, name or cfg.experiment, config_relative_to(config, working_dir), job_overrides,
+        jobs = IterationJobs(None, name or default_name(cfg.experiment, cfg.run.workdir),
+                             config_relative_to(config, working_dir), job_overrides,
                              str(working_dir.resolve()), job)
         log_path = decision_log or Path(cfg.run.workdir) / "schedule" / "decisions.jsonl"
         scheduler = Scheduler(jobs, DecisionLog(log_path), start, max_attempts)

@@ -156,6 +156,11 @@ class HttpEngineConfig(StrictModel):
     backoff_max_s: float = Field(30.0, gt=0, description="Cap on one retry delay (a Retry-After header is "
                                  "honoured up to this cap).")
     timeout_s: float = Field(120.0, gt=0, description="Timeout of one HTTP attempt, connect to last byte.")
+    expect_model_version: str | None = Field(
+        None, description="The model version every response must name (`model_version`, as this project's Serve "
+        "app reports it); a response naming another, or none, is a failed request, never a label. The preference "
+        "stage sets it to the judge it deployed: another server answering on the same port (Serve binds with "
+        "SO_REUSEPORT) cannot slip its judgments in. null: any.")
     price_per_1m_prompt_tokens: float = Field(0.0, ge=0, description="Cost of a million prompt tokens "
                                               "(e.g. USD), for the cost estimate logged to MLflow.")
     price_per_1m_completion_tokens: float = Field(0.0, ge=0, description="Cost of a million completion tokens.")

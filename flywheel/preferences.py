@@ -6,6 +6,7 @@ for the text policy and Diffusion-DPO rows for the generator, each pair carrying
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import re
 from contextlib import contextmanager
@@ -20,15 +21,29 @@ from flywheel.stages.runner import up_to_date
 log = logging.getLogger(__name__)
 
 
+def preference_app_name(cfg: Config) -> str:
+    """The Serve app an iteration labels through: its own name and route, never `serve.app_name`'s, so it neither
+    replaces nor deletes a judge a user serves on the same cluster; per workdir, so two runs' apps stay apart."""
+    workdir = hashlib.sha256(str(cfg.run.workdir).encode()).hexdigest()[:8]
+    return f"{cfg.serve.app_name}-preferences-{workdir}"
+
+
 @contextmanager
 def served_judge(cfg: Config, judge_ref: str):
-    """Deploy the judge on Ray Serve for the duration of the block; yields the OpenAI-compatible base URL."""
+    """Deploy the judge on Ray Serve for the duration of the block (as its own app: preference_app_name); yields
+    the deployment (its OpenAI-compatible base URL and the version it serves)."""
     from ray import serve
 
+    from flywheel.raycluster import embedded_ray, free_port, init_ray
     from flywheel.serve.app import deploy
 
     c = cfg.model_copy(deep=True)
     c.serve.model = judge_ref
+    c.serve.app_name = preference_app_name(cfg)
+    c.serve.route_prefix = f"/{c.serve.app_name}"
+    init_ray(c)
+    if embedded_ray():  # a private Ray: its proxy on a free port, never beside a user's `flywheel serve` on 8000
+        c.serve.port = free_port()  # Serve keeps its first port for the process; deploy reports the one it has
     deployed = deploy(c)
     try:
         yield deployed
@@ -36,13 +51,15 @@ def served_judge(cfg: Config, judge_ref: str):
         serve.delete(deployed.app_name)
 
 
-def judge_config(cfg: Config, base_url: str, judge_ref: str) -> Config:
-    """The config the judgments stage uses to score candidates through Serve, with `judge_ref` served. The engine
-    only talks HTTP; naming the served judge in models.judge makes it part of the labels' stage hash."""
+def judge_config(cfg: Config, base_url: str, judge_ref: str, version: str | None = None) -> Config:
+    """The config the judgments stage uses to score candidates through Serve, with `judge_ref` served (as
+    `version`: a response from any other model is a failure). The engine only talks HTTP; naming the served judge
+    in models.judge makes it part of the labels' stage hash."""
     c = cfg.model_copy(deep=True)
     c.models.judge.path = judge_ref
     c.judge.engine = "http"
     c.judge.http.base_url = base_url
+    c.judge.http.expect_model_version = version
     c.judgments.protocols = dict(cfg.preferences.protocols)
     c.judgments.samples_per_item = 1
     # The labeling actors only wait on HTTP here; a fraction of a CPU each leaves the cores to the Serve replica.
@@ -71,7 +88,7 @@ def label_served(start: Config, judge: str, jobs: list[tuple[str, str, str]], tr
         return out
     with served_judge(start, judge) as deployed:
         log.info("preference labels: judge %s served at %s", deployed.served.version, deployed.url)
-        c = judge_config(start, deployed.openai_base_url, judge)
+        c = judge_config(start, deployed.openai_base_url, judge, deployed.served.version)
         for pr, ca, o in jobs:
             out[o] = judgments.run(c, pr, ca, o, "judge", tracker, served=True).manifest
     return out

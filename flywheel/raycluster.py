@@ -16,10 +16,16 @@ log = logging.getLogger(__name__)
 _EMBEDDED_ADDRESS: str | None = None  # the address of the embedded Ray this process started, if any
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("", 0))
         return s.getsockname()[1]
+
+
+def embedded_ray() -> bool:
+    """Whether this process runs the embedded Ray it started (init_ray with `ray.address` null), not a cluster."""
+    return (ray.is_initialized() and _EMBEDDED_ADDRESS is not None
+            and ray.get_runtime_context().gcs_address == _EMBEDDED_ADDRESS)
 
 
 def init_ray(cfg: Config) -> None:
@@ -38,7 +44,7 @@ def init_ray(cfg: Config) -> None:
         # port) and RAY_ADDRESS points at it for every child process: Ray Train's placement-group cleaner asks
         # the state API whether a run's controller is alive and kills the run when the answer is "not found",
         # which is what it gets with no dashboard, or from another cluster's dashboard.
-        port = _free_port()
+        port = free_port()
         os.environ["RAY_GCS_SERVER_PORT"] = str(port)
         _EMBEDDED_ADDRESS = os.environ["RAY_ADDRESS"] = f"{ray.util.get_node_ip_address()}:{port}"
         try:

@@ -27,6 +27,7 @@ workdir is passed as the absolute path it resolves to here, so the job writes wh
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -48,6 +49,12 @@ ATTEMPT_KEY = "flywheel.attempt"
 ACTIVE = frozenset({"PENDING", "RUNNING"})
 RESUMABLE = frozenset({"FAILED", "STOPPED", "LOST"})
 STATUSES = ACTIVE | RESUMABLE | {"SUCCEEDED"}
+
+
+def default_name(experiment: str, workdir: str) -> str:
+    """A schedule's name when none is given: its experiment and its workdir, so that two schedules of one config
+    for two workdirs on one cluster never take each other's jobs for their own."""
+    return f"{experiment}-{hashlib.sha256(str(workdir).encode()).hexdigest()[:8]}"
 
 
 class ScheduleError(ValueError):
@@ -317,13 +324,21 @@ class Scheduler:
         return d, sid
 
     def wait_for(self, sid: str, poll_s: float) -> str:
-        """Poll until the job ends; record and return its status."""
+        """Poll until the job ends; record and return its status. A poll that cannot reach the cluster (a restart,
+        the network) is logged and tried again: the job runs on without us."""
         while True:
-            job = next((j for j in self.known_jobs() if j.submission_id == sid), None)
-            if job is None:
-                raise RuntimeError(f"job {sid} vanished from the cluster")
-            if job.status not in ACTIVE:
-                return job.status
+            try:
+                jobs = self.known_jobs()
+            except (RuntimeError, OSError) as e:  # ConnectionError is an OSError
+                error = f"{type(e).__name__}: {e}"
+                self.decisions.write({"event": "error", "schedule": self.jobs.name, "error": error})
+                log.error("schedule: polling %s failed (%s); polling again in %g s", sid, error, poll_s)
+            else:
+                job = next((j for j in jobs if j.submission_id == sid), None)
+                if job is None:
+                    raise ScheduleError(f"job {sid} vanished from the cluster and from the decision log")
+                if job.status not in ACTIVE:
+                    return job.status
             self.sleep(poll_s)
 
     def run(self, timing: Timing | None, once: bool = False, max_runs: int | None = None,

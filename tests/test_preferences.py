@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import socket
+import urllib.request
 
 import mlflow
 import pytest
@@ -16,6 +17,7 @@ from flywheel.config import load_config
 from flywheel.datasets import read_manifest, read_rows, write_dataset
 from flywheel.iteration import IterationResult, paths
 from flywheel.preferences import make_preferences, pairs_vs_oracle, relabel
+from flywheel.serve.app import deploy
 from flywheel.track import Tracker
 from flywheel.train import registry
 
@@ -76,10 +78,16 @@ def test_candidates_are_judged_through_serve_by_the_champion(pcfg, zoo, monkeypa
     p = paths(pcfg, 0)
     ray.init(address="local", num_cpus=2, include_dashboard=False)
     try:
+        users = deploy(pcfg.model_copy(update={"serve": pcfg.serve.model_copy(update={"model": "zoo:judge"})}))
         with _iteration(pcfg) as (tracker, stage, res):
             out = make_preferences(pcfg, pcfg, p, 0, tracker, stage, res)
         # a later iteration's judge ranks these samples again (preferences.relabel_pool): served the same way
         relabeled = relabel(pcfg, version, {0: p})
+        # the iteration labelled through its own app: the one a user serves under serve.app_name is untouched
+        apps = serve.status().applications
+        assert users.app_name == "judge" and apps["judge"].status == "RUNNING" and len(apps) == 1
+        with urllib.request.urlopen(f"{users.url}/v1/models", timeout=30) as r:
+            assert json.load(r)["model_version"] == users.served.version
     finally:
         with contextlib.suppress(Exception):
             serve.shutdown()

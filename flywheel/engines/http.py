@@ -206,10 +206,14 @@ class HTTPTextEngine(TextEngine):
                     status = None
             if status is not None:
                 self._count(str(status))
-                if status == 200:
+                if status == 200 and (other := self._other_model(text)) is None:
                     return self._ok(text)
-                last = f"HTTP {status}: {_reason(text)}"
-                if status not in RETRY_STATUS:
+                if status == 200:  # retried: on a shared port (SO_REUSEPORT) the next connection may reach ours
+                    self._count("wrong_model")
+                    last = other
+                else:
+                    last = f"HTTP {status}: {_reason(text)}"
+                if status != 200 and status not in RETRY_STATUS:
                     self._count("final", failed=1)
                     return TextResult(error=last)
             if attempt < self.http.max_retries:
@@ -221,6 +225,19 @@ class HTTPTextEngine(TextEngine):
         with self._lock:
             self.usage.attempts += 1
             self.usage.retries += attempt > 0
+
+    def _other_model(self, text: str) -> str | None:
+        """Why a 200 response is not from `expect_model_version`'s model, or None (it is, or any model will do)."""
+        expected = self.http.expect_model_version
+        if expected is None:
+            return None
+        try:
+            named = json.loads(text).get("model_version")
+        except (ValueError, AttributeError):
+            return None  # malformed: _ok says so
+        if named == expected:
+            return None
+        return f"response from model version {named!r}, expected {expected!r}: another server answers here"
 
     def _ok(self, text: str) -> TextResult:
         try:

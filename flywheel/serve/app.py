@@ -341,11 +341,29 @@ def deploy(cfg: Config) -> Deployed:
     served = resolve_served_model(cfg)
     s = cfg.serve
     serve.start(http_options={"host": s.host, "port": s.port})
+    port = _proxy_port(s.port)
     serve.run(build_app(cfg, served), name=s.app_name, route_prefix=s.route_prefix)
     prefix = "" if s.route_prefix == "/" else s.route_prefix.rstrip("/")
     # Bound to every interface: the URL names this node's address, not 127.0.0.1, because the URL is handed to
     # Ray actors (the preference labels' http engine) that may run on other nodes. This driver's node runs a
     # proxy: Serve always runs one beside its controller, which a job's driver shares the head node with.
     host = ray.util.get_node_ip_address() if s.host in ("0.0.0.0", "::") else s.host
-    log.info("serve: %s at http://%s:%d%s", served.version, host, s.port, prefix)
-    return Deployed(url=f"http://{host}:{s.port}{prefix}", served=served, app_name=s.app_name)
+    log.info("serve: %s at http://%s:%d%s", served.version, host, port, prefix)
+    return Deployed(url=f"http://{host}:{port}{prefix}", served=served, app_name=s.app_name)
+
+
+def _proxy_port(asked: int) -> int:
+    """The port Serve's HTTP proxy listens on. Serve keeps the options it started with: once it runs in this Ray
+    (an earlier deployment, another app) serve.start ignores another port, and a URL naming `asked` would reach
+    nothing, or another cluster's proxy."""
+    try:
+        from ray.serve.context import _get_global_client  # no public API tells the running proxy's port
+
+        port = int(_get_global_client().http_config.port)
+    except Exception as e:  # noqa: BLE001 - a private API: fall back to the configured port, saying so
+        log.warning("serve: could not read the running proxy's port (%s); assuming serve.port %d", e, asked)
+        return asked
+    if port != asked:
+        log.warning("serve: Serve already runs in this Ray with its proxy on port %d, not serve.port %d; the app "
+                    "is reached there", port, asked)
+    return port

@@ -70,7 +70,10 @@ def serve_command(config: ConfigOpt = Path("configs/local.yaml"), overrides: Ove
     console.print("Ctrl-C to stop")
     stop.wait()
     console.print("shutting down")
-    serve.shutdown()
+    if joined:  # the cluster's Serve may hold other apps (an iteration's judge): only this one goes
+        serve.delete(d.app_name)
+    else:
+        serve.shutdown()
     ray.shutdown()
 
 

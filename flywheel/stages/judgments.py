@@ -437,6 +437,7 @@ def stage_hash(cfg: Config, role: str, served: bool = False) -> str:
     if served:
         cfg = cfg.model_copy(deep=True)
         cfg.judge.http.base_url = "served"
+        cfg.judge.http.expect_model_version = None  # the served judge is models.judge.path, already in the hash
     return cfg.stage_hash(f"judgments-{role}")
 
 

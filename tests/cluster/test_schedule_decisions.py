@@ -180,3 +180,28 @@ def test_the_loop_survives_an_unreachable_cluster_and_goes_on_at_the_next_tick(t
 def test_once_with_an_unreachable_cluster_fails(tmp_path):
     jobs = IterationJobs(FlakyCluster(down_for=1), "flywheel-local", "configs/local.yaml")
     assert Scheduler(jobs, DecisionLog(tmp_path / "d.jsonl")).run(None, once=True) == 1
+
+
+def test_waiting_for_the_last_run_survives_a_cluster_that_is_briefly_unreachable(tmp_path):
+    cluster, calls = FlakyCluster(down_for=0), []
+    listing = cluster.list_jobs
+
+    def blip():  # the first poll after the submission finds no cluster
+        calls.append(1)
+        if len(calls) == 2:
+            raise ConnectionError("Failed to connect to Ray at address: http://head:8265.")
+        return listing()
+
+    cluster.list_jobs = blip
+    jobs = IterationJobs(cluster, "flywheel-local", "configs/local.yaml", ["run.workdir=/w"])
+    scheduler = Scheduler(jobs, DecisionLog(tmp_path / "d.jsonl"), sleep=lambda s: None)
+    assert scheduler.run(Timing.parse("1h", None), max_runs=1, poll_s=5) == 0  # it succeeded: exit 0
+    events = [r["event"] for r in DecisionLog(tmp_path / "d.jsonl").records()]
+    assert events[events.index("submitted") + 1] == "error" and len(calls) >= 3
+
+
+def test_two_workdirs_of_one_config_are_two_schedules_by_default():
+    from flywheel.schedule import default_name
+
+    a, b = default_name("flywheel-local", "/w/runs/a"), default_name("flywheel-local", "/w/runs/b")
+    assert a != b and a.startswith("flywheel-local-") and a == default_name("flywheel-local", "/w/runs/a")

@@ -42,6 +42,7 @@ class FlakyServer:
     """An OpenAI-style /v1/chat/completions whose behaviour is chosen by the user message's text:
     'fail-<status>-<n>': the first n attempts answer <status>, then 200;  'always-<status>': never 200;
     'slow-<n>': the first n attempts take 1 s (longer than the tests' timeout);  'sleep': 0.1 s, then 200;
+    'imposter-<n>': the first n answers name model_version 'other', then 'ours' (others name none);
     anything else: 200 at once. A request with `logprobs: true` gets LOGPROBS as choices[0].logprobs, unless its
     text is 'nologprobs' (logprobs: null, as a server without support answers). Records attempts per text, peak
     concurrency, auth headers, request bodies and image parts."""
@@ -90,7 +91,8 @@ class FlakyServer:
             if kind == "sleep":
                 await asyncio.sleep(0.1)
             logprobs = LOGPROBS if body.get("logprobs") and text != "nologprobs" else None
-            return web.json_response({
+            named = {} if kind != "imposter" else {"model_version": "other" if n <= int(arg) else "ours"}
+            return web.json_response({**named,
                 "id": "x", "object": "chat.completion", "model": body["model"],
                 "choices": [{"index": 0, "message": {"role": "assistant", "content": f"echo {text}"},
                              "finish_reason": "stop", "logprobs": logprobs}],
@@ -162,6 +164,19 @@ def test_gives_up_after_max_retries_and_never_retries_other_4xx(server):
     assert server.attempts["always-503"] == 3 and server.attempts["fail-400-5"] == 1
     assert server.attempts["fail-422-1"] == 1
     assert eng.usage.failed == 3 and eng.usage.succeeded == 1
+
+
+def test_an_answer_from_another_model_is_retried_then_a_failure_never_a_label(server):
+    """Two Serve proxies can share a port (SO_REUSEPORT): an answer naming another model version is not ours."""
+    eng = _engine(server.port, max_retries=3, expect_model_version="ours")
+    out = eng.generate([_ask("imposter-2"), _ask("imposter-9"), _ask("anonymous")])
+    assert out[0].text == "echo imposter-2" and server.attempts["imposter-2"] == 3
+    assert out[1].text is None and out[1].error == ("response from model version 'other', expected 'ours': another "
+                                                    "server answers here (gave up after 4 attempts)")
+    assert out[2].text is None and "model version None, expected 'ours'" in out[2].error
+    assert eng.usage.status_counts["wrong_model"] == 2 + 4 + 4 and eng.usage.failed == 2
+    anyone = _engine(server.port, max_retries=0)  # no expectation: any model's answer is taken
+    assert anyone.generate([_ask("imposter-99")])[0].text == "echo imposter-99"
 
 
 def test_timeouts_are_retried(server):

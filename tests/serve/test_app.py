@@ -309,3 +309,20 @@ def test_http_engine_uses_the_app_like_a_stage_would(app):
         assert rr.logprobs and [t.token for t in rr.logprobs] == [t.token for t in lr.logprobs]
         assert [t.logprob for t in rr.logprobs] == pytest.approx([t.logprob for t in lr.logprobs], abs=1e-4)
         assert [len(t.top) for t in rr.logprobs] == [len(t.top) for t in lr.logprobs]
+
+
+def test_a_second_app_is_reached_on_the_port_serve_already_runs(app):
+    """Serve keeps the proxy options it started with: a later deployment asking another port is reached on the
+    running proxy's, and the URL it returns says so (not a port where nothing, or another cluster, listens)."""
+    from ray import serve
+
+    from flywheel.serve.app import deploy
+
+    other = app.cfg.model_copy(update={"serve": app.cfg.serve.model_copy(update={
+        "app_name": "judge-test-second", "route_prefix": "/second", "port": free_port(), "auth_token_env": None})})
+    d = deploy(other)
+    try:
+        assert d.url == app.url + "/second"
+        assert requests.get(d.url + "/healthz", timeout=30).json()["model_version"] == app.version
+    finally:
+        serve.delete(d.app_name)
