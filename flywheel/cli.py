@@ -78,6 +78,7 @@ def run(config: ConfigOpt = Path("configs/local.yaml"), overrides: Overrides = N
     from flywheel.raycluster import init_ray
     from flywheel.stage_clock import busy_note, time_line
     from flywheel.track import Tracker
+    from flywheel.workdir_lock import WorkdirBusy
 
     cfg = _load(config, overrides)
     for warning in cfg.recipe_warnings():
@@ -85,7 +86,11 @@ def run(config: ConfigOpt = Path("configs/local.yaml"), overrides: Overrides = N
     init_ray(cfg)
     tracker = Tracker(cfg)
     for n in range(start, start + iterations):
-        res = run_iteration(cfg, n, tracker)
+        try:
+            res = run_iteration(cfg, n, tracker)
+        except WorkdirBusy as e:
+            console.print(f"[red]{e}[/red]")
+            raise typer.Exit(2) from None
         console.rule(f"iteration {n}: {'finished earlier' if res.skipped else 'done'} (MLflow run {res.run_id})")
         for d in res.decisions:
             console.print(f"{d['model']:14s} {'PROMOTED' if d['promoted'] else 'kept champion'}: {d['reason']}")

@@ -23,7 +23,7 @@ from functools import partial
 
 import mlflow
 
-from flywheel import gate, stage_clock, storage
+from flywheel import gate, stage_clock, storage, workdir_lock
 from flywheel.config import Config
 from flywheel.iteration_record import ROLES, IterationRecord
 from flywheel.iteration_summary import describe, right_of
@@ -85,6 +85,12 @@ def with_models(cfg: Config, **refs: str) -> Config:
 
 
 def run_iteration(cfg: Config, n: int, tracker: Tracker | None = None) -> IterationResult:
+    """Iteration n, resumed where an earlier run of it stopped; one driver per workdir at a time (WorkdirBusy)."""
+    with workdir_lock.holding(cfg.run.workdir, f"iteration {n}"):
+        return _run_iteration(cfg, n, tracker)
+
+
+def _run_iteration(cfg: Config, n: int, tracker: Tracker | None) -> IterationResult:
     from flywheel.evaluate import meta
     from flywheel.stages import base_models, candidates, curate, gold, judgments, prompts
 

@@ -93,9 +93,10 @@ def test_the_models_stage_run_shows_what_each_base_is_and_how_it_was_built(tmp_p
     from mlflow import MlflowClient
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
+    experiment = MlflowClient(uri).create_experiment("base-models")  # not whichever experiment is active
     mlflow.set_tracking_uri(uri)
     try:
-        with mlflow.start_run() as run:
+        with mlflow.start_run(experiment_id=experiment) as run:
             base_models.log_to_mlflow({"judge": (tmp_path / "judge-base-x", {
                 "perception/accuracy": 0.93, "torch_threads": 2, "torch_cpu_capability": "AVX512",
                 "undefined": float("nan")})})

@@ -1,0 +1,50 @@
+"""One flywheel iteration per working directory at a time.
+
+Two drivers on one workdir (a `make run` beside a scheduled job, a job submitted twice) would train, register and
+gate the same iteration side by side. An advisory lock (flock) on `<run.workdir>/.flywheel.lock`, held while an
+iteration runs, refuses the second with the first's identity. The lock dies with its process, so a killed run
+never leaves a stale one behind. On a shared file system it holds across nodes where the file system supports
+flock (NFSv4, CephFS, Lustre with flock mounted); elsewhere it only guards one node.
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import socket
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+FILE = ".flywheel.lock"
+
+
+class WorkdirBusy(RuntimeError):
+    """Another process holds the working directory's lock."""
+
+
+@contextmanager
+def holding(workdir: str | os.PathLike, what: str) -> Iterator[None]:
+    """Hold the workdir's lock for the block (`what`: e.g. "iteration 3"), or raise WorkdirBusy at once."""
+    path = Path(workdir) / FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+", encoding="utf-8") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            holder = f.read().strip() or "a process that has not said who it is yet"
+            raise WorkdirBusy(f"{workdir} is in use by another flywheel run: {holder}. Wait for it to end, or "
+                              "give this run another run.workdir") from None
+        f.seek(0)
+        f.truncate()
+        f.write(json.dumps({"what": what, "pid": os.getpid(), "host": socket.gethostname(),
+                            "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}))
+        f.flush()
+        try:
+            yield
+        finally:
+            f.seek(0)
+            f.truncate()
+            fcntl.flock(f, fcntl.LOCK_UN)
