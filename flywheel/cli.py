@@ -253,11 +253,13 @@ def schedule(config: ConfigOpt = Path("configs/local.yaml"), overrides: Override
              = False,
              max_runs: Annotated[int | None, typer.Option(help="Exit after this many submissions, once the last "
                                                                "has ended (exit 0 if it succeeded).")] = None,
-             start: Annotated[int, typer.Option(help="Iteration to run when this schedule has no job yet.")] = 0,
+             start: Annotated[int, typer.Option(help="Iteration to run when this schedule has no job yet, or "
+                                                     "none at or past it (e.g. after finishing one by hand).")] = 0,
              max_attempts: Annotated[int, typer.Option(help="Attempts of one iteration (the first and its "
                                                             "resumptions) before the scheduler halts.")] = 3,
              name: Annotated[str | None, typer.Option(help="Schedule name that marks our jobs; default the "
-                                                           "config's MLflow experiment and a hash of run.workdir.")] = None,
+                                                           "config's MLflow experiment and a hash of run.workdir.")]
+             = None,
              job: Annotated[str, typer.Option(help="Entrypoint script, relative to the working dir.")]
              = "jobs/iteration.py",
              working_dir: Annotated[Path, typer.Option(help="Uploaded with every job (the project; .gitignore "

@@ -6,7 +6,7 @@ ones of this schedule (metadata `flywheel.schedule` = the schedule's name, and a
 test it):
 
   - one of ours is PENDING or RUNNING      → wait: never two iterations of one flywheel at once;
-  - none yet                               → submit iteration `--start` (default 0);
+  - none yet, or `--start` past the latest → submit iteration `--start` (default 0);
   - the latest SUCCEEDED                   → submit the next iteration;
   - the latest FAILED, STOPPED or LOST     → submit the same iteration again (`--resume`: the iteration skips every
                                              stage whose output already exists), unless it has already had
@@ -100,6 +100,10 @@ def decide(jobs: Iterable[OurJob], first_iteration: int = 0, max_attempts: int =
         return Decision("submit", f"no job of this schedule yet: starting iteration {first_iteration}",
                         iteration=first_iteration, attempt=1)
     last = max(jobs, key=lambda j: (j.iteration, j.attempt))
+    if first_iteration > last.iteration:  # --start past this schedule's jobs: the user moved on (e.g. ran it by hand)
+        return Decision("submit", f"--start {first_iteration} is past this schedule's last iteration "
+                        f"{last.iteration} ({last.submission_id}, {last.status}): starting iteration "
+                        f"{first_iteration}", iteration=first_iteration, attempt=1, job=last.submission_id)
     if last.status == "SUCCEEDED":
         n = max(last.iteration + 1, first_iteration)
         return Decision("submit", f"iteration {last.iteration} succeeded ({last.submission_id}): starting "
@@ -107,7 +111,9 @@ def decide(jobs: Iterable[OurJob], first_iteration: int = 0, max_attempts: int =
     if last.attempt >= max_attempts:
         return Decision("halt", f"iteration {last.iteration} ended {last.status} in all {last.attempt} attempts "
                         f"(last: {last.submission_id}); not resubmitting it — look at `ray job logs "
-                        f"{last.submission_id}`, then resubmit by hand or raise --max-attempts",
+                        f"{last.submission_id}`, fix the cause, then start the schedule again with "
+                        f"--max-attempts {last.attempt + 1} (resumes it), or with --start {last.iteration + 1} "
+                        "once you have finished it yourself",
                         iteration=last.iteration, job=last.submission_id)
     return Decision("submit", f"iteration {last.iteration} ended {last.status} ({last.submission_id}): resuming "
                     f"it (attempt {last.attempt + 1} of {max_attempts}) before any next one",

@@ -53,7 +53,11 @@ def test_after_max_attempts_it_halts_instead_of_looping():
     jobs = [job(1, 1, "FAILED"), job(1, 2, "FAILED"), job(1, 3, "FAILED")]
     d = decide(jobs, max_attempts=3)
     assert d.action == "halt" and d.iteration == 1 and "3 attempts" in d.reason and "ray job logs" in d.reason
+    assert "--max-attempts 4" in d.reason and "--start 2" in d.reason  # what it says unblocks it does
     assert decide(jobs, max_attempts=4).action == "submit"
+    moved_on = decide(jobs, first_iteration=2, max_attempts=3)  # iteration 1 finished by hand
+    assert (moved_on.action, moved_on.iteration, moved_on.attempt, moved_on.resume) == ("submit", 2, 1, False)
+    assert decide(jobs, first_iteration=1, max_attempts=3).action == "halt"  # --start at or before it: no skip
 
 
 def test_order_of_the_listing_does_not_matter():
