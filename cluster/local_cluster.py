@@ -77,8 +77,14 @@ def _dir_pattern(root: Path) -> re.Pattern:
 
 
 def cluster_processes(root: Path) -> list:
-    """This cluster's processes: those whose command line names its temp dir, plus all their descendants."""
-    return processes_matching(_dir_pattern(root / "ray"))
+    """This cluster's processes: those whose command line names its temp dir or its GCS (`--address=<host>:<gcs
+    port>`: the Ray client server, which `ray start` leaves orphaned and which names no directory), plus all their
+    descendants."""
+    pattern = _dir_pattern(root / "ray").pattern
+    gcs = ((_read_info(root) or {}).get("ports") or {}).get("gcs")
+    if gcs:
+        pattern += rf"|--address=\S+:{int(gcs)}(?!\d)"
+    return processes_matching(re.compile(pattern))
 
 
 def processes_matching(pattern: re.Pattern) -> list:
@@ -160,12 +166,16 @@ def start(root: str | Path = DEFAULT_DIR, num_cpus: int = 2, dashboard_host: str
         token_path.write_text(secrets.token_hex(32))
     token_path.chmod(0o600)
 
+    # The last head's ports again when all are free: clients that hold its addresses (a running `flywheel
+    # schedule`, a shell that sourced env.sh) reach the restarted cluster without being told.
+    ports = _reusable_ports(info)
     for attempt in (1, 2):  # a port found free can be taken by someone else before Ray binds it: retry once
         try:
-            info = _start_head(root, token_path, num_cpus, dashboard_host, timeout)
+            info = _start_head(root, token_path, num_cpus, dashboard_host, timeout, ports)
             break
-        except RuntimeError:
+        except (RuntimeError, subprocess.TimeoutExpired):  # a slow `ray start` leaves daemons: stop them too
             stop(root)
+            ports = None
             if attempt == 2:
                 raise
     (root / "cluster.json").write_text(json.dumps(info, indent=2))
@@ -175,11 +185,25 @@ def start(root: str | Path = DEFAULT_DIR, num_cpus: int = 2, dashboard_host: str
     return info
 
 
-def _start_head(root: Path, token_path: Path, num_cpus: int, dashboard_host: str, timeout: float) -> dict:
-    names = ["gcs", "dashboard", "client", "node_manager", "object_manager", "agent_listen", "agent_grpc",
-             "runtime_env_agent", "metrics"]
-    singles, (wlo, whi) = _free_ports(len(names), WORKER_PORTS)
-    ports = dict(zip(names, singles)) | {"min_worker": wlo, "max_worker": whi}
+PORT_NAMES = ("gcs", "dashboard", "client", "node_manager", "object_manager", "agent_listen", "agent_grpc",
+              "runtime_env_agent", "metrics")
+
+
+def _reusable_ports(info: dict | None) -> dict | None:
+    """The ports of this directory's last head, if every one (the worker range included) is free now."""
+    ports = (info or {}).get("ports")
+    if not ports or set(ports) != {*PORT_NAMES, "min_worker", "max_worker"}:
+        return None
+    wanted = [ports[n] for n in PORT_NAMES] + list(range(ports["min_worker"], ports["max_worker"] + 1))
+    return ports if all(_bindable(p) for p in wanted) else None
+
+
+def _start_head(root: Path, token_path: Path, num_cpus: int, dashboard_host: str, timeout: float,
+                ports: dict | None = None) -> dict:
+    if ports is None:
+        singles, (wlo, whi) = _free_ports(len(PORT_NAMES), WORKER_PORTS)
+        ports = dict(zip(PORT_NAMES, singles)) | {"min_worker": wlo, "max_worker": whi}
+    wlo, whi = ports["min_worker"], ports["max_worker"]
     venv_bin = Path(sys.executable).parent
     cmd = [str(venv_bin / "ray"), "start", "--head", "--temp-dir", str(root / "ray"),
            "--node-ip-address", "127.0.0.1", "--num-cpus", str(num_cpus), "--disable-usage-stats",

@@ -1,0 +1,27 @@
+"""A restarted local cluster comes back on its last ports when they are free (clients holding its addresses, such
+as a running `flywheel schedule`, reach it again), and on fresh ones when any is taken. No Ray is started here:
+the real restart is tests/cluster's local_ray_cluster fixture's business."""
+
+import socket
+
+from cluster_helpers import local_cluster
+
+
+def _info() -> dict:
+    singles, (lo, hi) = local_cluster._free_ports(len(local_cluster.PORT_NAMES), 5)
+    return {"ports": dict(zip(local_cluster.PORT_NAMES, singles)) | {"min_worker": lo, "max_worker": hi}}
+
+
+def test_the_last_ports_are_reused_when_all_are_free():
+    info = _info()
+    assert local_cluster._reusable_ports(info) == info["ports"]
+
+
+def test_fresh_ports_when_one_of_them_is_taken_or_nothing_is_known():
+    info = _info()
+    with socket.socket() as taken:
+        taken.bind(("", info["ports"]["max_worker"]))  # the worker range counts too
+        taken.listen()
+        assert local_cluster._reusable_ports(info) is None
+    assert local_cluster._reusable_ports(None) is None
+    assert local_cluster._reusable_ports({"ports": {"gcs": 1}}) is None  # a cluster.json of another layout
