@@ -112,11 +112,19 @@ def add_node(info: dict, name: str, *, num_cpus: float, num_gpus: float = 0, res
     with open(host_dir / "start.log", "a") as log:
         log.write("$ " + shlex.join(argv) + "\n")
         log.flush()
-        proc = subprocess.run(argv, env=env, cwd=cwd, stdout=log, stderr=subprocess.STDOUT, timeout=timeout)
+        try:
+            proc = subprocess.run(argv, env=env, cwd=cwd, stdout=log, stderr=subprocess.STDOUT, timeout=timeout)
+        except subprocess.TimeoutExpired:  # the daemons it forked are up: never leave them behind
+            kill_node(node)
+            raise
     if proc.returncode != 0:
         kill_node(node)
         raise RuntimeError(f"ray start of node {name} failed (exit {proc.returncode}); see {host_dir / 'start.log'}")
-    node.node_id = _wait_alive(info, node, timeout)
+    try:
+        node.node_id = _wait_alive(info, node, timeout)
+    except BaseException:
+        kill_node(node)
+        raise
     return node
 
 
