@@ -28,13 +28,26 @@ def preference_app_name(cfg: Config) -> str:
     return f"{cfg.serve.app_name}-preferences-{workdir}"
 
 
+_SERVE_PORTS: dict[str, int] = {}  # embedded Ray's GCS address -> the port its Serve proxy was asked for here
+
+
+def _embedded_serve_port() -> int:
+    """One free port per embedded Ray: Serve keeps the port it started with, so every later deployment (the next
+    iteration's) asks for that one again."""
+    import ray
+
+    from flywheel.raycluster import free_port
+
+    return _SERVE_PORTS.setdefault(ray.get_runtime_context().gcs_address, free_port())
+
+
 @contextmanager
 def served_judge(cfg: Config, judge_ref: str):
     """Deploy the judge on Ray Serve for the duration of the block (as its own app: preference_app_name); yields
     the deployment (its OpenAI-compatible base URL and the version it serves)."""
     from ray import serve
 
-    from flywheel.raycluster import embedded_ray, free_port, init_ray
+    from flywheel.raycluster import embedded_ray, init_ray
     from flywheel.serve.app import deploy
 
     c = cfg.model_copy(deep=True)
@@ -43,7 +56,7 @@ def served_judge(cfg: Config, judge_ref: str):
     c.serve.route_prefix = f"/{c.serve.app_name}"
     init_ray(c)
     if embedded_ray():  # a private Ray: its proxy on a free port, never beside a user's `flywheel serve` on 8000
-        c.serve.port = free_port()  # Serve keeps its first port for the process; deploy reports the one it has
+        c.serve.port = _embedded_serve_port()
     deployed = deploy(c)
     try:
         yield deployed
