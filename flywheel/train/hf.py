@@ -186,7 +186,10 @@ def flywheel_trainer(base_cls):
 
         def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
             model = model if model is not None else self.model
-            if _unwrap_peft(model) is not None:  # PEFT adapters load by name: the Trainer's own path is right
+            # PEFT adapters load by name, and a checkpoint without a model config (FSDP, DeepSpeed shards) is not
+            # save_pretrained's: the Trainer's own path is right for both
+            if _unwrap_peft(model) is not None or not os.path.isfile(os.path.join(resume_from_checkpoint,
+                                                                                  "config.json")):
                 return super()._load_from_checkpoint(resume_from_checkpoint, model)
             load_checkpoint_weights(model, resume_from_checkpoint)
 
