@@ -206,16 +206,17 @@ class HTTPTextEngine(TextEngine):
                     status = None
             if status is not None:
                 self._count(str(status))
-                if status == 200 and (other := self._other_model(text)) is None:
-                    return self._ok(text)
-                if status == 200:  # retried: on a shared port (SO_REUSEPORT) the next connection may reach ours
-                    self._count("wrong_model")
-                    last = other
+                if status == 200:
+                    data = _parsed(text)
+                    if (other := self._other_model(data)) is None:
+                        return self._ok(data)
+                    self._count("wrong_model")  # retried: on a shared port (SO_REUSEPORT) the next connection
+                    last = other                # may reach ours
                 else:
                     last = f"HTTP {status}: {_reason(text)}"
-                if status != 200 and status not in RETRY_STATUS:
-                    self._count("final", failed=1)
-                    return TextResult(error=last)
+                    if status not in RETRY_STATUS:
+                        self._count("final", failed=1)
+                        return TextResult(error=last)
             if attempt < self.http.max_retries:
                 await asyncio.sleep(self._delay(attempt, retry_after))
         self._count("exhausted", failed=1)
@@ -226,22 +227,19 @@ class HTTPTextEngine(TextEngine):
             self.usage.attempts += 1
             self.usage.retries += attempt > 0
 
-    def _other_model(self, text: str) -> str | None:
-        """Why a 200 response is not from `expect_model_version`'s model, or None (it is, or any model will do)."""
+    def _other_model(self, data: Any) -> str | None:
+        """Why a parsed 200 response is not from `expect_model_version`'s model, or None (it is, any model will
+        do, or the body is malformed: _ok says so)."""
         expected = self.http.expect_model_version
-        if expected is None:
-            return None
-        try:
-            named = json.loads(text).get("model_version")
-        except (ValueError, AttributeError):
-            return None  # malformed: _ok says so
-        if named == expected:
+        if expected is None or not isinstance(data, dict) or (named := data.get("model_version")) == expected:
             return None
         return f"response from model version {named!r}, expected {expected!r}: another server answers here"
 
-    def _ok(self, text: str) -> TextResult:
+    def _ok(self, data: Any) -> TextResult:
+        """A 200 response's body, as _parsed gave it."""
         try:
-            data = json.loads(text)
+            if isinstance(data, ValueError):
+                raise data
             content = data["choices"][0]["message"]["content"]
             if not isinstance(content, str):
                 raise TypeError(f"message content is {type(content).__name__}")
@@ -287,6 +285,14 @@ class HTTPTextEngine(TextEngine):
             mlflow.log_metrics({f"http.{k}": v for k, v in self.usage.metrics().items()}, step=self._calls)
         except Exception as e:  # tracking must never fail a labeling run
             log.warning("http engine: could not log usage to MLflow: %s", e)
+
+
+def _parsed(text: str) -> Any:
+    """The JSON body, or the ValueError that parsing it raised (_ok reports it as a malformed response)."""
+    try:
+        return json.loads(text)
+    except ValueError as e:
+        return e
 
 
 def _reason(text: str) -> str:

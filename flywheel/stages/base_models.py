@@ -14,7 +14,7 @@ import mlflow
 import ray
 
 from flywheel.config import Config
-from flywheel.models.zoo import build_world, build_zoo, world_built, world_models, zoo_root
+from flywheel.models.zoo import build_world, world_built, world_models, zoo_root
 from flywheel.raycluster import init_ray, remote_options
 
 log = logging.getLogger(__name__)
@@ -22,10 +22,9 @@ log = logging.getLogger(__name__)
 
 def run(cfg: Config) -> dict[str, tuple[Path, dict]]:
     """name -> (folder, build metrics) of each base model the config uses, building those not cached."""
-    build_zoo(cfg)  # random initialisation: seconds, and needed before any build
     due = [m for m in world_models(cfg) if not world_built(cfg, m)]
     if not due:
-        return build_world(cfg)
+        return build_world(cfg)  # the zoo (random initialisation, seconds) if need be, and the cached bases read
     init_ray(cfg)
     opts = remote_options(cfg.resources.base_models)
     # A task must fit on one node: asking more than the largest has would wait forever on a fixed cluster. A
