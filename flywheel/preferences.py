@@ -6,6 +6,7 @@ for the text policy and Diffusion-DPO rows for the generator, each pair carrying
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import re
 from contextlib import contextmanager
@@ -22,10 +23,23 @@ log = logging.getLogger(__name__)
 
 def preference_app_name(cfg: Config) -> str:
     """The Serve app an iteration labels through: its own name and route, never `serve.app_name`'s, so it neither
-    replaces nor deletes a judge a user serves on the same cluster. Not per workdir: the route is part of the
-    labels' judge name (http:<base_url>#...), which must be the same for a resumed run as for an uninterrupted one
-    (tests/iteration/test_resume.py compares two workdirs)."""
-    return f"{cfg.serve.app_name}-preferences"
+    replaces nor deletes a judge a user serves on the same cluster; per workdir, so two runs' apps stay apart.
+    The labels name the served version only (HTTPTextEngine.name), so neither name nor port reaches them."""
+    workdir = hashlib.sha256(str(cfg.run.workdir).encode()).hexdigest()[:8]
+    return f"{cfg.serve.app_name}-preferences-{workdir}"
+
+
+_SERVE_PORTS: dict[str, int] = {}  # embedded Ray's GCS address -> the port its Serve proxy was asked for here
+
+
+def _embedded_serve_port() -> int:
+    """One free port per embedded Ray: Serve keeps the port it started with, so every later deployment (the next
+    iteration's) asks for that one again."""
+    import ray
+
+    from flywheel.raycluster import free_port
+
+    return _SERVE_PORTS.setdefault(ray.get_runtime_context().gcs_address, free_port())
 
 
 @contextmanager
@@ -34,12 +48,16 @@ def served_judge(cfg: Config, judge_ref: str):
     the deployment (its OpenAI-compatible base URL and the version it serves)."""
     from ray import serve
 
+    from flywheel.raycluster import embedded_ray, init_ray
     from flywheel.serve.app import deploy
 
     c = cfg.model_copy(deep=True)
     c.serve.model = judge_ref
     c.serve.app_name = preference_app_name(cfg)
     c.serve.route_prefix = f"/{c.serve.app_name}"
+    init_ray(c)
+    if embedded_ray():  # a private Ray: its proxy on a free port, never beside a user's `flywheel serve` on 8000
+        c.serve.port = _embedded_serve_port()
     deployed = deploy(c)
     try:
         yield deployed

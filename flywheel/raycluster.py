@@ -22,6 +22,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def embedded_ray() -> bool:
+    """Whether this process runs the embedded Ray it started (init_ray with `ray.address` null), not a cluster."""
+    return (ray.is_initialized() and _EMBEDDED_ADDRESS is not None
+            and ray.get_runtime_context().gcs_address == _EMBEDDED_ADDRESS)
+
 
 def init_ray(cfg: Config) -> None:
     """Join the configured cluster, or start an embedded Ray when `ray.address` is null. Idempotent."""

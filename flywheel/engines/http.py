@@ -108,8 +108,12 @@ class HTTPTextEngine(TextEngine):
                                     f"{http.api_key_env!r}, which is not set")
             self._api_key = key
         self.url = http.base_url.rstrip("/") + "/chat/completions"
-        self.name = f"http:{http.base_url.rstrip('/')}#{http.model}"
-        self.version = http.model  # replaced by the server's model_version when it reports one (our Serve app)
+        # A server pinned to one model version (our Serve deployment) is named by that version alone: its address
+        # is only where it happens to be served (a node, a port), and labels must not change with it.
+        pinned = http.expect_model_version
+        self.name = f"http#{http.model}" if pinned else f"http:{http.base_url.rstrip('/')}#{http.model}"
+        # replaced by the server's model_version when it reports one (our Serve app)
+        self.version = pinned or http.model
         self.usage = HttpUsage()
         self._calls = 0
         self._lock = threading.Lock()

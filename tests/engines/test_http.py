@@ -280,6 +280,23 @@ def test_make_text_engine_builds_the_http_backend(tmp_path):
     json.dumps(eng.payload(_ask("hi", [_png()]), 0))  # serialisable as is
 
 
+def test_a_server_pinned_to_a_version_is_named_by_it_not_by_its_address(tmp_path):
+    """Labels carry `name@version`: a pinned Serve deployment on another port or node must label alike."""
+    from flywheel.engines import make_text_engine
+
+    def engine(url, version=None):
+        cfg = load_config(None, [f"run.workdir={tmp_path}", "judge.engine=http", f"judge.http.base_url={url}"]
+                          + ([f"judge.http.expect_model_version={version}"] if version else []))
+        eng = make_text_engine(cfg, "judge")
+        return f"{eng.name}@{eng.version}"
+
+    a, b = engine("http://10.0.0.1:8000/a/v1", "judge/7"), engine("http://127.0.0.1:41234/b/v1", "judge/7")
+    assert a == b == "http#judge@judge/7"
+    assert engine("http://127.0.0.1:41234/b/v1", "judge/8") != a  # another version is another judge
+    # unpinned (an outside API), the address is all that says which server judged
+    assert engine("http://10.0.0.1:8000/v1") == "http:http://10.0.0.1:8000/v1#judge@judge"
+
+
 def test_logprobs_are_asked_for_only_when_configured_and_mapped(server):
     from flywheel.engines.base import TokenLogprobs
 
