@@ -73,34 +73,40 @@ def run(config: ConfigOpt = Path("configs/local.yaml"), overrides: Overrides = N
                                                   "same config and inputs.")] = False) -> None:
     """Run whole flywheel iterations: data → judge training → meta-eval → gate → serve → policy training."""
     _setup_logging()
-    from flywheel import gate
     from flywheel.iteration import run_iteration
     from flywheel.raycluster import init_ray
-    from flywheel.stage_clock import busy_note, time_line
     from flywheel.track import Tracker
-    from flywheel.workdir_lock import WorkdirBusy
+    from flywheel.workdir_lock import WorkdirBusy, holding
 
     cfg = _load(config, overrides)
     for warning in cfg.recipe_warnings():
         logging.getLogger("flywheel").warning("config: %s", warning)
-    init_ray(cfg)
-    tracker = Tracker(cfg)
-    for n in range(start, start + iterations):
-        try:
-            res = run_iteration(cfg, n, tracker)
-        except WorkdirBusy as e:
-            console.print(f"[red]{e}[/red]")
-            raise typer.Exit(2) from None
-        console.rule(f"iteration {n}: {'finished earlier' if res.skipped else 'done'} (MLflow run {res.run_id})")
-        for d in res.decisions:
-            console.print(f"{d['model']:14s} {'PROMOTED' if d['promoted'] else 'kept champion'}: {d['reason']}")
-            if nxt := d.get("next_start"):
-                console.print(f"{'':14s} {gate.next_start_line(nxt)}")
-        if line := time_line(res.seconds):
-            console.print(line)
-        if note := busy_note(res.load, res.cpus):
-            console.print(f"[yellow]{note}: those stages took longer than they would alone[/yellow]")
+    last = start + iterations - 1
+    try:  # taken before Ray starts, so a busy workdir is refused at once; each iteration holds it again (nested)
+        with holding(cfg.run.workdir, f"iteration {start}" if iterations == 1 else f"iterations {start}-{last}"):
+            init_ray(cfg)
+            tracker = Tracker(cfg)
+            for n in range(start, last + 1):
+                _print_iteration(n, run_iteration(cfg, n, tracker))
+    except WorkdirBusy as e:
+        console.print(f"[red]{e}[/red]")
+        raise typer.Exit(2) from None
     console.print(f"Browse it: {tracker.ui_hint()}")
+
+
+def _print_iteration(n: int, res) -> None:
+    from flywheel import gate
+    from flywheel.stage_clock import busy_note, time_line
+
+    console.rule(f"iteration {n}: {'finished earlier' if res.skipped else 'done'} (MLflow run {res.run_id})")
+    for d in res.decisions:
+        console.print(f"{d['model']:14s} {'PROMOTED' if d['promoted'] else 'kept champion'}: {d['reason']}")
+        if nxt := d.get("next_start"):
+            console.print(f"{'':14s} {gate.next_start_line(nxt)}")
+    if line := time_line(res.seconds):
+        console.print(line)
+    if note := busy_note(res.load, res.cpus):
+        console.print(f"[yellow]{note}: those stages took longer than they would alone[/yellow]")
 
 
 @app.command("eval")
@@ -285,7 +291,7 @@ def schedule(config: ConfigOpt = Path("configs/local.yaml"), overrides: Override
                              config_relative_to(config, working_dir), job_overrides,
                              str(working_dir.resolve()), job)
         log_path = decision_log or Path(cfg.run.workdir) / "schedule" / "decisions.jsonl"
-        scheduler = Scheduler(jobs, DecisionLog(log_path), start, max_attempts)
+        scheduler = Scheduler(jobs, DecisionLog(log_path), start, max_attempts, workdir=cfg.run.workdir)
         jobs.client = make_client(address)  # last: every input is checked before the cluster is contacted
         code = scheduler.run(timing, once=once, max_runs=max_runs, poll_s=poll)
     except (ScheduleError, OSError) as e:

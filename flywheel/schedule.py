@@ -6,6 +6,8 @@ ones of this schedule (metadata `flywheel.schedule` = the schedule's name, and a
 test it):
 
   - one of ours is PENDING or RUNNING      → wait: never two iterations of one flywheel at once;
+  - run.workdir is locked by another run   → wait: one this schedule did not submit (`flywheel run`, a job
+                                             submitted by hand) holds it (flywheel/workdir_lock.py);
   - none yet, or `--start` past the latest → submit iteration `--start` (default 0);
   - the latest SUCCEEDED                   → submit the next iteration;
   - the latest FAILED, STOPPED or LOST     → submit the same iteration again (`--resume`: the iteration skips every
@@ -87,8 +89,10 @@ class Decision:
     job: str | None = None  # the job the decision is about (the running one, the failed one)
 
 
-def decide(jobs: Iterable[OurJob], first_iteration: int = 0, max_attempts: int = 3) -> Decision:
-    """What to do now, given this schedule's jobs (any order) — see the module docstring for the rules."""
+def decide(jobs: Iterable[OurJob], first_iteration: int = 0, max_attempts: int = 3,
+           workdir_holder: str | None = None) -> Decision:
+    """What to do now, given this schedule's jobs (any order) and who else holds run.workdir's lock, if anyone —
+    see the module docstring for the rules."""
     jobs = list(jobs)
     active = sorted((j for j in jobs if j.status in ACTIVE), key=lambda j: (j.iteration, j.attempt))
     if active:
@@ -96,6 +100,9 @@ def decide(jobs: Iterable[OurJob], first_iteration: int = 0, max_attempts: int =
         more = f" (and {len(active) - 1} more)" if len(active) > 1 else ""
         return Decision("wait", f"{j.submission_id} (iteration {j.iteration}, attempt {j.attempt}) is {j.status}"
                         f"{more}: one iteration at a time", job=j.submission_id)
+    if workdir_holder is not None:  # its job would be refused (exit 2) and count as a failed attempt
+        return Decision("wait", f"run.workdir is in use by a run this schedule did not submit ({workdir_holder}): "
+                        "waiting for it to end")
     if not jobs:
         return Decision("submit", f"no job of this schedule yet: starting iteration {first_iteration}",
                         iteration=first_iteration, attempt=1)
@@ -285,7 +292,10 @@ class Scheduler:
     """The loop: tick, decide, act, log; between ticks it sleeps."""
 
     def __init__(self, jobs: IterationJobs, decisions: DecisionLog, first_iteration: int = 0, max_attempts: int = 3,
-                 clock: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep):
+                 clock: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep,
+                 workdir: str | Path | None = None):
+        """workdir: run.workdir as this process sees it, to look for runs that hold its lock; None (or a path that
+        is not here: the cluster's shared storage is not mounted) checks nothing."""
         if max_attempts < 1:
             raise ScheduleError(f"--max-attempts {max_attempts}: must be at least 1")
         if first_iteration < 0:
@@ -293,6 +303,7 @@ class Scheduler:
         self.jobs, self.decisions = jobs, decisions
         self.first_iteration, self.max_attempts = first_iteration, max_attempts
         self.clock, self.sleep = clock, sleep
+        self.workdir = workdir
         self._ended = {r["submission_id"] for r in decisions.records()
                        if r.get("event") == "job-ended" and r.get("schedule") == jobs.name}
 
@@ -314,8 +325,11 @@ class Scheduler:
 
     def tick(self) -> tuple[Decision, str | None]:
         """One decision, acted on; returns it and the submission id when it submitted."""
+        from flywheel.workdir_lock import holder
+
         jobs = self.known_jobs()
-        d = decide(jobs, self.first_iteration, self.max_attempts)
+        d = decide(jobs, self.first_iteration, self.max_attempts,
+                   holder(self.workdir) if self.workdir is not None else None)
         seen = dict(sorted(Counter(j.status for j in jobs).items()))
         self.decisions.write({"event": "decision", "schedule": self.jobs.name, **asdict(d), "seen": seen})
         (log.error if d.action == "halt" else log.info)("schedule: %s — %s", d.action.upper(), d.reason)

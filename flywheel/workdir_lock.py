@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 FILE = ".flywheel.lock"
+_HELD: set[str] = set()  # lock files this process holds: holding() nests (flock would refuse its own second open)
 
 
 class WorkdirBusy(RuntimeError):
@@ -26,8 +27,13 @@ class WorkdirBusy(RuntimeError):
 
 @contextmanager
 def holding(workdir: str | os.PathLike, what: str) -> Iterator[None]:
-    """Hold the workdir's lock for the block (`what`: e.g. "iteration 3"), or raise WorkdirBusy at once."""
-    path = Path(workdir) / FILE
+    """Hold the workdir's lock for the block (`what`: e.g. "iteration 3"), or raise WorkdirBusy at once. Inside a
+    block of this process that holds it already, it is a no-op (`flywheel run` holds it before Ray starts, each
+    iteration again)."""
+    path = Path(workdir).resolve() / FILE
+    if str(path) in _HELD:
+        yield
+        return
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a+", encoding="utf-8") as f:
         try:
@@ -42,9 +48,25 @@ def holding(workdir: str | os.PathLike, what: str) -> Iterator[None]:
         f.write(json.dumps({"what": what, "pid": os.getpid(), "host": socket.gethostname(),
                             "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}))
         f.flush()
+        _HELD.add(str(path))
         try:
             yield
         finally:
+            _HELD.discard(str(path))
             f.seek(0)
             f.truncate()
             fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def holder(workdir: str | os.PathLike) -> str | None:
+    """Who holds the workdir's lock now (as they wrote it), or None when nobody does; takes nothing."""
+    path = Path(workdir).resolve() / FILE
+    if not path.is_file() or str(path) in _HELD:
+        return None
+    with open(path, encoding="utf-8") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return f.read().strip() or "a process that has not said who it is yet"
+        fcntl.flock(f, fcntl.LOCK_UN)
+        return None

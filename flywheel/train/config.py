@@ -68,7 +68,8 @@ class HeldoutConfig(StrictModel):
                        "prompt kinds / gold protocols).")
     target: str = Field("accuracy", description="Held-out measure kept best and early-stopped on (see "
                         "target_mode): text policy `accuracy` (or `accuracy/caption`, `caption_recall`, ...), generator "
-                        "`score10`, judge `pairwise/accuracy` or `pointwise/accuracy`. Training-pair reward "
+                        "`score10`, judge `pairwise/accuracy` or `pointwise/accuracy`; with `judge` set, "
+                        "`judge/pointwise/score` (the judge's mean rating). Training-pair reward "
                         "accuracy is never a target: it rises while a run over-optimises.")
     target_mode: Literal["max", "min"] = Field("max", description="max: a higher target is better; min: lower "
                                                "(e.g. caption_hallucination_rate).")
@@ -86,10 +87,11 @@ class HeldoutConfig(StrictModel):
     on_guard: Literal["refuse", "keep_best"] = Field(
         "refuse", description="When the guard fires: refuse the update (nothing is promoted; the reason is "
         "logged), or keep_best: export and offer the best state seen before the guard fired.")
-    judge: str | None = Field(None, description="Also score held-out outputs with a judge (a curve, with parse "
-                              "failures counted; never the target): `champion` (the registry's champion judge, "
-                              "skipped when there is none), `oracle` (the oracle world's teacher), a model "
-                              "reference; null: no judge curve.")
+    judge: str | None = Field(None, description="Also score held-out outputs with a judge (`judge/<protocol>/"
+                              "score`, with parse failures counted: a curve, or the target where no oracle says "
+                              "what is right, e.g. `target: judge/pointwise/score`): `champion` (the registry's "
+                              "champion judge, skipped when there is none), `oracle` (the oracle world's "
+                              "teacher), a model reference; null: no judge curve.")
     max_new_tokens: int | None = Field(None, ge=1, description="Text models: longest held-out answer; null uses "
                                        "the role's generation.max_new_tokens.")
 

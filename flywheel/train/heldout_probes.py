@@ -8,7 +8,8 @@
 - `JudgeProbe` (judge DPO): the judge rates seeded gold outputs (pointwise, labelled by the noiseless oracle) ->
   rating accuracy, Kendall tau-b, pairwise accuracy derived from the ratings, format validity;
 - optionally (`heldout.judge`) a judge also scores the policy's held-out outputs (`judge/<protocol>/score`),
-  with its parse failures counted (`judge/<protocol>/parse_failure_rate`): a curve to watch, never the target.
+  with its parse failures counted (`judge/<protocol>/parse_failure_rate`): a curve to watch, or the target where
+  no oracle says what is right (`heldout.target: judge/pointwise/score`; docs/tuning.md "heldout").
 
 Each probe is called with the live model and runs under `torch.random.fork_rng`, so evaluating never moves the
 training's random stream (a resumed run stays identical to an uninterrupted one).

@@ -209,3 +209,32 @@ def test_two_workdirs_of_one_config_are_two_schedules_by_default():
 
     a, b = default_name("flywheel-local", "/w/runs/a"), default_name("flywheel-local", "/w/runs/b")
     assert a != b and a.startswith("flywheel-local-") and a == default_name("flywheel-local", "/w/runs/a")
+
+
+def test_a_run_it_did_not_submit_on_its_workdir_makes_it_wait():
+    holder = '{"what": "iteration 2", "pid": 4242}'
+    for jobs in ([], [job(0, 1, "SUCCEEDED")], [job(1, 1, "FAILED")]):
+        d = decide(jobs, workdir_holder=holder)
+        assert d.action == "wait" and holder in d.reason and d.iteration is None
+
+
+def test_the_scheduler_waits_while_another_process_holds_the_workdir(tmp_path):
+    import subprocess
+    import sys
+
+    hold = "import sys, time; from flywheel.workdir_lock import holding\n" \
+           "with holding(sys.argv[1], 'iteration 0'):\n    print('held', flush=True); sys.stdin.readline()"
+    other = subprocess.Popen([sys.executable, "-c", hold, str(tmp_path)], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)  # e.g. a `flywheel run` started by hand
+    try:
+        assert other.stdout.readline().strip() == "held"
+        cluster = FlakyCluster(down_for=0)
+        scheduler = Scheduler(IterationJobs(cluster, "flywheel-local", "configs/local.yaml"),
+                              DecisionLog(tmp_path / "d.jsonl"), workdir=tmp_path)
+        d, sid = scheduler.tick()
+        assert d.action == "wait" and '"iteration 0"' in d.reason and sid is None and cluster.jobs == []
+        other.communicate("\n", timeout=30)  # it ends, and with it its lock
+        d, sid = scheduler.tick()
+        assert d.action == "submit" and d.iteration == 0 and [j["submission_id"] for j in cluster.jobs] == [sid]
+    finally:
+        other.kill()
