@@ -76,12 +76,12 @@ def _dir_pattern(root: Path) -> re.Pattern:
     return re.compile(re.escape(str(root)) + r"(?=/|$|[\s,;:'\"])")
 
 
-def cluster_processes(root: Path) -> list:
+def cluster_processes(root: Path, gcs_port: int | None = None) -> list:
     """This cluster's processes: those whose command line names its temp dir or its GCS (`--address=<host>:<gcs
     port>`: the Ray client server, which `ray start` leaves orphaned and which names no directory), plus all their
-    descendants."""
+    descendants. gcs_port: the GCS port when cluster.json does not name it yet (a start that failed)."""
     pattern = _dir_pattern(root / "ray").pattern
-    gcs = ((_read_info(root) or {}).get("ports") or {}).get("gcs")
+    gcs = gcs_port or ((_read_info(root) or {}).get("ports") or {}).get("gcs")
     if gcs:
         pattern += rf"|--address=\S+:{int(gcs)}(?!\d)"
     return processes_matching(re.compile(pattern))
@@ -170,11 +170,12 @@ def start(root: str | Path = DEFAULT_DIR, num_cpus: int = 2, dashboard_host: str
     # schedule`, a shell that sourced env.sh) reach the restarted cluster without being told.
     ports = _reusable_ports(info)
     for attempt in (1, 2):  # a port found free can be taken by someone else before Ray binds it: retry once
+        ports = ports or _fresh_ports()
         try:
             info = _start_head(root, token_path, num_cpus, dashboard_host, timeout, ports)
             break
-        except (RuntimeError, subprocess.TimeoutExpired):  # a slow `ray start` leaves daemons: stop them too
-            stop(root)
+        except (RuntimeError, subprocess.TimeoutExpired):  # a slow `ray start` leaves daemons: stop them too,
+            stop(root, gcs_port=ports["gcs"])               # the client server by its GCS port (no cluster.json)
             ports = None
             if attempt == 2:
                 raise
@@ -198,11 +199,13 @@ def _reusable_ports(info: dict | None) -> dict | None:
     return ports if all(_bindable(p) for p in wanted) else None
 
 
+def _fresh_ports() -> dict:
+    singles, (wlo, whi) = _free_ports(len(PORT_NAMES), WORKER_PORTS)
+    return dict(zip(PORT_NAMES, singles)) | {"min_worker": wlo, "max_worker": whi}
+
+
 def _start_head(root: Path, token_path: Path, num_cpus: int, dashboard_host: str, timeout: float,
-                ports: dict | None = None) -> dict:
-    if ports is None:
-        singles, (wlo, whi) = _free_ports(len(PORT_NAMES), WORKER_PORTS)
-        ports = dict(zip(PORT_NAMES, singles)) | {"min_worker": wlo, "max_worker": whi}
+                ports: dict) -> dict:
     wlo, whi = ports["min_worker"], ports["max_worker"]
     venv_bin = Path(sys.executable).parent
     cmd = [str(venv_bin / "ray"), "start", "--head", "--temp-dir", str(root / "ray"),
@@ -242,18 +245,19 @@ def signal_all(procs: list, how: str) -> None:
             pass
 
 
-def stop(root: str | Path = DEFAULT_DIR, grace: float = 10) -> list[int]:
-    """Stop this cluster's processes only (SIGTERM, then SIGKILL after `grace` s); returns their pids."""
+def stop(root: str | Path = DEFAULT_DIR, grace: float = 10, gcs_port: int | None = None) -> list[int]:
+    """Stop this cluster's processes only (SIGTERM, then SIGKILL after `grace` s); returns their pids.
+    gcs_port: see cluster_processes."""
     import psutil
 
     root = Path(root).resolve()
-    procs = cluster_processes(root)
+    procs = cluster_processes(root, gcs_port)
     signal_all(procs, "terminate")
     _, alive = psutil.wait_procs(procs, timeout=grace)
     signal_all(alive, "kill")
     psutil.wait_procs(alive, timeout=5)
     # Processes started while we were stopping (a worker the raylet was spawning) are caught by a second pass.
-    late = _alive(cluster_processes(root))
+    late = _alive(cluster_processes(root, gcs_port))
     for p in late:
         p.kill()
     return sorted({p.pid for p in procs} | {p.pid for p in late})

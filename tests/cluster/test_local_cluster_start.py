@@ -1,0 +1,50 @@
+"""A `ray start` that does not finish in time (a slow box, a stuck daemon) leaves nothing running: the head's
+daemons it had already started are stopped, and the error is raised."""
+
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+from cluster_helpers import local_cluster
+
+pytestmark = pytest.mark.cluster
+
+
+def test_a_timed_out_start_leaves_no_daemons_behind():
+    root = Path(tempfile.mkdtemp(prefix="fwt", dir="/tmp"))  # short: Ray's socket paths live under it
+    try:
+        # 3 s: long enough for `ray start` to have launched the GCS and raylet, far too short for it to finish
+        with pytest.raises(subprocess.TimeoutExpired):
+            local_cluster.start(root, num_cpus=1, timeout=3)
+        gcs_ports = re.findall(r"ray start --head .*?--port (\d+)", (root / "start.log").read_text())
+        assert len(gcs_ports) == 2  # tried twice
+        time.sleep(5)  # anything still spawning shows up by now
+        # its daemons name its temp dir; the Ray client server names only the GCS address
+        pattern = re.compile(re.escape(str(root)) + "|" + "|".join(rf"--address=\S+:{p}(?!\d)" for p in gcs_ports))
+        left = local_cluster._alive(local_cluster.processes_matching(pattern))
+        assert left == [], f"processes of the timed-out start still run: {[p.cmdline() for p in left]}"
+    finally:
+        local_cluster.stop(root)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_a_node_whose_start_times_out_is_killed():
+    import local_nodes  # on the path through cluster_helpers
+
+    root = Path(tempfile.mkdtemp(prefix="fwn", dir="/tmp"))
+    try:
+        info = local_cluster.start(root, num_cpus=1)
+        with pytest.raises(subprocess.TimeoutExpired):
+            local_nodes.add_node(info, "slow", num_cpus=1, timeout=2)
+        time.sleep(5)
+        node_dir = re.compile(re.escape(f"{info['temp_dir']}/nodes/slow") + r"(?=/|$|\s)")
+        left = local_cluster._alive(local_cluster.processes_matching(node_dir))
+        assert left == [], f"processes of the timed-out node still run: {[p.cmdline() for p in left]}"
+        assert local_cluster._is_up(root)  # the head is untouched
+    finally:
+        local_cluster.stop(root)
+        shutil.rmtree(root, ignore_errors=True)

@@ -1,0 +1,77 @@
+"""`flywheel serve` joined to a real cluster: `--block` ends only its own app on Ctrl-C, never the other apps the
+cluster's Serve holds (another judge a user serves, an iteration's preference judge)."""
+
+from __future__ import annotations
+
+import re
+import signal
+import socket
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+
+import pytest
+from cluster_helpers import VENV_BIN
+
+from flywheel.config import REPO_ROOT
+
+pytestmark = pytest.mark.cluster
+
+
+def _status(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _serve(cluster, judge: str, app: str, mode: str, workdir) -> subprocess.Popen:
+    # serve.port: where Serve's proxy starts if it is not running yet (8000 may be someone else's); a running one
+    # keeps its port, and the printed URL says which
+    args = [str(VENV_BIN / "flywheel"), "serve", mode, "--config", "configs/local.yaml", f"run.workdir={workdir}",
+            f"serve.model={judge}", f"serve.app_name={app}", f"serve.route_prefix=/{app}",
+            f"serve.port={_free_port()}"]
+    return subprocess.Popen(args, cwd=REPO_ROOT, env=cluster.env(RAY_ADDRESS=cluster.gcs_address),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _url_of(proc: subprocess.Popen, until: str) -> tuple[str, str]:
+    """Read the process's output up to the line containing `until`; returns (the app's URL, the output)."""
+    out, url = [], None
+    for line in proc.stdout:
+        out.append(line)
+        if m := re.search(r"serving at (http://\S+)", line):
+            url = m.group(1)
+        if until in line:
+            break
+    assert url, "".join(out)
+    return url, "".join(out)
+
+
+def test_a_blocking_serve_on_a_cluster_ends_only_its_own_app(local_ray_cluster, zoo, tmp_path):
+    keeper = _serve(local_ray_cluster, zoo["judge"], "keeper", "--detach", tmp_path)
+    keeper_url, out = _url_of(keeper, "keeps running on the cluster")
+    assert keeper.wait(timeout=120) == 0, out
+    blocker = _serve(local_ray_cluster, zoo["judge"], "blocker", "--block", tmp_path)
+    try:
+        blocker_url, out = _url_of(blocker, "Ctrl-C to stop")
+        assert _status(f"{blocker_url}/healthz") == 200 == _status(f"{keeper_url}/healthz")
+        blocker.send_signal(signal.SIGINT)
+        rest, _ = blocker.communicate(timeout=120)
+        assert blocker.returncode == 0 and "shutting down" in rest, out + rest
+        assert _status(f"{blocker_url}/healthz") == 404  # its app is gone ...
+        assert _status(f"{keeper_url}/healthz") == 200  # ... and the other app, and Serve itself, still answer
+    finally:
+        blocker.kill()
+        # the keeper's replica holds one of the cluster's two CPUs: give it back to the tests after this one
+        subprocess.run([sys.executable, "-c", "import ray; from ray import serve; ray.init(); "
+                        "serve.delete('keeper')"], env=local_ray_cluster.env(RAY_ADDRESS=local_ray_cluster.gcs_address),
+                       timeout=120, check=False)
