@@ -76,14 +76,15 @@ def _dir_pattern(root: Path) -> re.Pattern:
     return re.compile(re.escape(str(root)) + r"(?=/|$|[\s,;:'\"])")
 
 
-def cluster_processes(root: Path, gcs_port: int | None = None) -> list:
-    """This cluster's processes: those whose command line names its temp dir or its GCS (`--address=<host>:<gcs
-    port>`: the Ray client server, which `ray start` leaves orphaned and which names no directory), plus all their
-    descendants. gcs_port: the GCS port when cluster.json does not name it yet (a start that failed)."""
+def cluster_processes(root: Path, ports: dict | None = None) -> list:
+    """This cluster's processes: those whose command line names its temp dir, or its GCS and client ports (the Ray
+    client server, which `ray start` leaves orphaned and which names no directory: `--address=<host>:<gcs port>
+    ... --port=<client port>`), plus all their descendants. ports: the head's ports when cluster.json does not
+    name them yet (a start that failed)."""
     pattern = _dir_pattern(root / "ray").pattern
-    gcs = gcs_port or ((_read_info(root) or {}).get("ports") or {}).get("gcs")
-    if gcs:
-        pattern += rf"|--address=\S+:{int(gcs)}(?!\d)"
+    ports = ports or (_read_info(root) or {}).get("ports") or {}
+    if ports.get("gcs") and ports.get("client"):
+        pattern += rf"|--address=\S+:{int(ports['gcs'])}(?!\d)\s.*--port={int(ports['client'])}(?!\d)"
     return processes_matching(re.compile(pattern))
 
 
@@ -175,7 +176,7 @@ def start(root: str | Path = DEFAULT_DIR, num_cpus: int = 2, dashboard_host: str
             info = _start_head(root, token_path, num_cpus, dashboard_host, timeout, ports)
             break
         except (RuntimeError, subprocess.TimeoutExpired):  # a slow `ray start` leaves daemons: stop them too,
-            stop(root, gcs_port=ports["gcs"])               # the client server by its GCS port (no cluster.json)
+            stop(root, ports=ports)                         # the client server by its ports (no cluster.json)
             ports = None
             if attempt == 2:
                 raise
@@ -245,19 +246,19 @@ def signal_all(procs: list, how: str) -> None:
             pass
 
 
-def stop(root: str | Path = DEFAULT_DIR, grace: float = 10, gcs_port: int | None = None) -> list[int]:
+def stop(root: str | Path = DEFAULT_DIR, grace: float = 10, ports: dict | None = None) -> list[int]:
     """Stop this cluster's processes only (SIGTERM, then SIGKILL after `grace` s); returns their pids.
-    gcs_port: see cluster_processes."""
+    ports: see cluster_processes."""
     import psutil
 
     root = Path(root).resolve()
-    procs = cluster_processes(root, gcs_port)
+    procs = cluster_processes(root, ports)
     signal_all(procs, "terminate")
     _, alive = psutil.wait_procs(procs, timeout=grace)
     signal_all(alive, "kill")
     psutil.wait_procs(alive, timeout=5)
     # Processes started while we were stopping (a worker the raylet was spawning) are caught by a second pass.
-    late = _alive(cluster_processes(root, gcs_port))
+    late = _alive(cluster_processes(root, ports))
     for p in late:
         p.kill()
     return sorted({p.pid for p in procs} | {p.pid for p in late})

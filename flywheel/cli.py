@@ -81,6 +81,9 @@ def run(config: ConfigOpt = Path("configs/local.yaml"), overrides: Overrides = N
     cfg = _load(config, overrides)
     for warning in cfg.recipe_warnings():
         logging.getLogger("flywheel").warning("config: %s", warning)
+    if iterations < 1:
+        console.print(f"[red]--iterations {iterations}: must be at least 1[/red]")
+        raise typer.Exit(2)
     last = start + iterations - 1
     try:  # taken before Ray starts, so a busy workdir is refused at once; each iteration holds it again (nested)
         with holding(cfg.run.workdir, f"iteration {start}" if iterations == 1 else f"iterations {start}-{last}"):

@@ -160,7 +160,8 @@ class HttpEngineConfig(StrictModel):
         None, description="The model version every response must name (`model_version`, as this project's Serve "
         "app reports it); a response naming another, or none, is a failed request, never a label. The preference "
         "stage sets it to the judge it deployed: another server answering on the same port (Serve binds with "
-        "SO_REUSEPORT) cannot slip its judgments in. null: any.")
+        "SO_REUSEPORT) cannot slip its judgments in. Set, it also names the engine in labels (`http#<model>@"
+        "<version>`, no address: a resume on another port labels alike). null: any.")
     price_per_1m_prompt_tokens: float = Field(0.0, ge=0, description="Cost of a million prompt tokens "
                                               "(e.g. USD), for the cost estimate logged to MLflow.")
     price_per_1m_completion_tokens: float = Field(0.0, ge=0, description="Cost of a million completion tokens.")

@@ -24,7 +24,9 @@ log = logging.getLogger(__name__)
 def preference_app_name(cfg: Config) -> str:
     """The Serve app an iteration labels through: its own name and route, never `serve.app_name`'s, so it neither
     replaces nor deletes a judge a user serves on the same cluster; per workdir, so two runs' apps stay apart.
-    The labels name the served version only (HTTPTextEngine.name), so neither name nor port reaches them."""
+    The labels name the served version only (HTTPTextEngine.name), so neither name nor port reaches them. A driver
+    killed while labelling leaves its app on a cluster until its workdir's next run replaces and deletes it
+    (`serve delete <name>` frees its replica sooner)."""
     workdir = hashlib.sha256(str(cfg.run.workdir).encode()).hexdigest()[:8]
     return f"{cfg.serve.app_name}-preferences-{workdir}"
 
@@ -39,7 +41,10 @@ def _embedded_serve_port() -> int:
 
     from flywheel.raycluster import free_port
 
-    return _SERVE_PORTS.setdefault(ray.get_runtime_context().gcs_address, free_port())
+    gcs = ray.get_runtime_context().gcs_address
+    if gcs not in _SERVE_PORTS:
+        _SERVE_PORTS[gcs] = free_port()
+    return _SERVE_PORTS[gcs]
 
 
 @contextmanager

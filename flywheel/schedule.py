@@ -6,8 +6,9 @@ ones of this schedule (metadata `flywheel.schedule` = the schedule's name, and a
 test it):
 
   - one of ours is PENDING or RUNNING      → wait: never two iterations of one flywheel at once;
-  - run.workdir is locked by another run   → wait: one this schedule did not submit (`flywheel run`, a job
-                                             submitted by hand) holds it (flywheel/workdir_lock.py);
+  - run.workdir is locked by another run   → wait: one that is none of its active jobs (`flywheel run`, a job
+                                             submitted by hand, a driver of a job the cluster lost) holds it
+                                             (flywheel/workdir_lock.py);
   - none yet, or `--start` past the latest → submit iteration `--start` (default 0);
   - the latest SUCCEEDED                   → submit the next iteration;
   - the latest FAILED, STOPPED or LOST     → submit the same iteration again (`--resume`: the iteration skips every
@@ -101,8 +102,8 @@ def decide(jobs: Iterable[OurJob], first_iteration: int = 0, max_attempts: int =
         return Decision("wait", f"{j.submission_id} (iteration {j.iteration}, attempt {j.attempt}) is {j.status}"
                         f"{more}: one iteration at a time", job=j.submission_id)
     if workdir_holder is not None:  # its job would be refused (exit 2) and count as a failed attempt
-        return Decision("wait", f"run.workdir is in use by a run this schedule did not submit ({workdir_holder}): "
-                        "waiting for it to end")
+        return Decision("wait", f"run.workdir is in use by a run that is none of this schedule's active jobs "
+                        f"({workdir_holder}): waiting for it to end")
     if not jobs:
         return Decision("submit", f"no job of this schedule yet: starting iteration {first_iteration}",
                         iteration=first_iteration, attempt=1)
@@ -328,8 +329,11 @@ class Scheduler:
         from flywheel.workdir_lock import holder
 
         jobs = self.known_jobs()
-        d = decide(jobs, self.first_iteration, self.max_attempts,
-                   holder(self.workdir) if self.workdir is not None else None)
+        # looked at only when none of ours runs: the look takes a shared lock for an instant, which a starting job
+        # of ours would have to wait out
+        busy = (holder(self.workdir) if self.workdir is not None and not any(j.status in ACTIVE for j in jobs)
+                else None)
+        d = decide(jobs, self.first_iteration, self.max_attempts, busy)
         seen = dict(sorted(Counter(j.status for j in jobs).items()))
         self.decisions.write({"event": "decision", "schedule": self.jobs.name, **asdict(d), "seen": seen})
         (log.error if d.action == "halt" else log.info)("schedule: %s — %s", d.action.upper(), d.reason)

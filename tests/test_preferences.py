@@ -183,3 +183,24 @@ def test_labels_through_serve_are_keyed_by_the_served_judge_not_the_iterations_s
     assert labels_hash(a, "models:/judge/8", "http://10.0.0.7:8000/v1") == labels_hash(a, "models:/judge/8")
     assert (stage_hash(judge_config(a, "http://10.0.0.7:8000/v1", "x"), "judge")
             != stage_hash(judge_config(a, "http://127.0.0.1:8000/v1", "x"), "judge"))
+
+
+def test_an_embedded_ray_serves_preferences_on_a_free_port_of_its_own(tmp_path, monkeypatch):
+    """Not beside a `flywheel serve` on 8000 (Serve binds with SO_REUSEPORT: the two would share it)."""
+    from flywheel.preferences import _embedded_serve_port, preference_app_name
+    from flywheel.raycluster import embedded_ray, init_ray
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)  # init_ray sets it for its jobs; put back as it was after
+    cfg = load_config(None, [f"run.workdir={tmp_path}", "ray.num_cpus=1"])
+    assert cfg.ray.address is None and not embedded_ray()
+    init_ray(cfg)
+    try:
+        assert embedded_ray()
+        port = _embedded_serve_port()
+        assert port != cfg.serve.port and _embedded_serve_port() == port  # one per embedded Ray, kept
+    finally:
+        ray.shutdown()
+    assert not embedded_ray()
+    other = load_config(None, [f"run.workdir={tmp_path}/other"])
+    assert preference_app_name(cfg) != preference_app_name(other)  # two workdirs, two apps
+    assert preference_app_name(cfg).startswith(f"{cfg.serve.app_name}-preferences-")

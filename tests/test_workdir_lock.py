@@ -32,16 +32,36 @@ def test_a_second_driver_is_refused_naming_the_first(tmp_path, other_driver):
     assert not (tmp_path / "data").exists()
 
 
-def test_a_busy_workdir_is_refused_before_ray_starts(tmp_path, other_driver):
-    import ray
+def test_a_busy_workdir_is_refused_before_ray_starts(tmp_path, other_driver, monkeypatch):
     from typer.testing import CliRunner
 
     from flywheel.cli import app
 
+    started = []
+    monkeypatch.setattr("flywheel.raycluster.init_ray", lambda cfg: started.append(cfg))  # records; starts nothing
     r = CliRunner().invoke(app, ["run", "--config", str(REPO_ROOT / "configs/local.yaml"),
                                  f"run.workdir={tmp_path}"])
     assert r.exit_code == 2 and "in use by another flywheel run" in r.output, r.output
-    assert not ray.is_initialized() and not (tmp_path / "data").exists()
+    assert started == [] and not (tmp_path / "data").exists()
+
+
+def test_another_thread_of_the_holding_process_is_refused(tmp_path):
+    import threading
+
+    refused = []
+
+    def other():
+        try:
+            with holding(tmp_path, "iteration 9"):
+                pass
+        except WorkdirBusy as e:
+            refused.append(str(e))
+
+    with holding(tmp_path, "iteration 4"):
+        t = threading.Thread(target=other)
+        t.start()
+        t.join()
+    assert refused and "another thread of this process" in refused[0]
 
 
 def _holds_elsewhere(workdir) -> bool:

@@ -1,5 +1,5 @@
 """A `ray start` that does not finish in time (a slow box, a stuck daemon) leaves nothing running: the head's
-daemons it had already started are stopped, and the error is raised."""
+daemons it had already started, and the Ray client server it orphans, are stopped, and the error is raised."""
 
 import re
 import shutil
@@ -14,21 +14,32 @@ from cluster_helpers import local_cluster
 pytestmark = pytest.mark.cluster
 
 
+def _attempts(root: Path) -> list[dict]:
+    """The GCS and client ports of each `ray start --head` that start.log records."""
+    text = (root / "start.log").read_text()
+    return [{"gcs": int(g), "client": int(c)}
+            for g, c in re.findall(r"ray start --head .*?--port (\d+) .*?--ray-client-server-port (\d+)", text)]
+
+
 def test_a_timed_out_start_leaves_no_daemons_behind():
     root = Path(tempfile.mkdtemp(prefix="fwt", dir="/tmp"))  # short: Ray's socket paths live under it
     try:
-        # 3 s: long enough for `ray start` to have launched the GCS and raylet, far too short for it to finish
+        # 3 s: long enough for `ray start` to have launched the GCS, the raylet and the client server on these
+        # 2-core boxes (its logs below say so), too short for it to finish (5-10 s here)
         with pytest.raises(subprocess.TimeoutExpired):
             local_cluster.start(root, num_cpus=1, timeout=3)
-        gcs_ports = re.findall(r"ray start --head .*?--port (\d+)", (root / "start.log").read_text())
-        assert len(gcs_ports) == 2  # tried twice
+        attempts = _attempts(root)
+        assert len(attempts) == 2  # tried twice
+        assert list(root.glob("ray/session_*/logs/ray_client_server*")), "no client server was started: nothing shown"
         time.sleep(5)  # anything still spawning shows up by now
-        # its daemons name its temp dir; the Ray client server names only the GCS address
-        pattern = re.compile(re.escape(str(root)) + "|" + "|".join(rf"--address=\S+:{p}(?!\d)" for p in gcs_ports))
+        # wider than what stop() matches: any process naming the temp dir or either attempt's GCS port
+        pattern = re.compile(re.escape(str(root)) + "|"
+                             + "|".join(rf"--address=\S+:{a['gcs']}(?!\d)" for a in attempts))
         left = local_cluster._alive(local_cluster.processes_matching(pattern))
         assert left == [], f"processes of the timed-out start still run: {[p.cmdline() for p in left]}"
     finally:
-        local_cluster.stop(root)
+        for ports in _attempts(root) if (root / "start.log").is_file() else []:
+            local_cluster.stop(root, ports=ports)
         shutil.rmtree(root, ignore_errors=True)
 
 
