@@ -33,3 +33,9 @@ def test_only_real_commands_exist():
     commands = {c.name for c in app.registered_commands} | {g.name for g in app.registered_groups}
     assert commands == {"run", "eval", "report", "smoke", "models", "config", "train", "serve", "schedule"}
     assert result.exit_code == 0
+
+
+def test_run_refuses_no_iterations_before_touching_the_workdir(tmp_path):
+    r = runner.invoke(app, ["run", "--iterations", "0", f"run.workdir={tmp_path}/w"])
+    assert r.exit_code == 2 and "--iterations 0: must be at least 1" in r.output, r.output
+    assert not (tmp_path / "w").exists()
