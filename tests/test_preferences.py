@@ -187,10 +187,14 @@ def test_labels_through_serve_are_keyed_by_the_served_judge_not_the_iterations_s
 
 def test_an_embedded_ray_serves_preferences_on_a_free_port_of_its_own(tmp_path, monkeypatch):
     """Not beside a `flywheel serve` on 8000 (Serve binds with SO_REUSEPORT: the two would share it)."""
+    from flywheel import raycluster
     from flywheel.preferences import _embedded_serve_port, preference_app_name
     from flywheel.raycluster import embedded_ray, init_ray
 
-    monkeypatch.delenv("RAY_ADDRESS", raising=False)  # init_ray sets it for its jobs; put back as it was after
+    # init_ray points RAY_ADDRESS at the Ray it starts and remembers it: both are put back as they were after
+    monkeypatch.setenv("RAY_ADDRESS", "unset-by-this-test")
+    monkeypatch.delenv("RAY_ADDRESS")
+    monkeypatch.setattr(raycluster, "_EMBEDDED_ADDRESS", raycluster._EMBEDDED_ADDRESS)
     cfg = load_config(None, [f"run.workdir={tmp_path}", "ray.num_cpus=1"])
     assert cfg.ray.address is None and not embedded_ray()
     init_ray(cfg)
