@@ -4,8 +4,9 @@ Two drivers on one workdir (a `make run` beside a scheduled job, a job submitted
 gate the same iteration side by side. An advisory lock (flock) on `<run.workdir>/.flywheel.lock`, held while
 iterations run (`flywheel run` takes it before Ray starts), refuses the second with the first's identity; another
 thread of the holding process is refused too. The lock dies with its process, so a killed run never leaves a
-stale one behind. `flywheel schedule` looks at it (`holder`) to wait for runs it did not submit. On a shared file system it holds across nodes where the file system supports
-flock (NFSv4, CephFS, Lustre with flock mounted); elsewhere it only guards one node.
+stale one behind. `flywheel schedule` looks at it (`holder`) to wait for runs it did not submit. On a shared file
+system it holds across nodes where the file system supports flock (NFSv4, CephFS, Lustre with flock mounted);
+elsewhere it only guards one node.
 """
 from __future__ import annotations
 
