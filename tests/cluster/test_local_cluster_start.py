@@ -50,7 +50,8 @@ def test_a_node_whose_start_times_out_is_killed():
     try:
         info = local_cluster.start(root, num_cpus=1)
         with pytest.raises(subprocess.TimeoutExpired):
-            local_nodes.add_node(info, "slow", num_cpus=1, timeout=2)
+            # no private /tmp: a venv under /tmp (a clone there) would not be visible to the node at all
+            local_nodes.add_node(info, "slow", num_cpus=1, timeout=2, private_tmp=False)
         time.sleep(5)
         node_dir = re.compile(re.escape(f"{info['temp_dir']}/nodes/slow") + r"(?=/|$|\s)")
         left = local_cluster._alive(local_cluster.processes_matching(node_dir))
