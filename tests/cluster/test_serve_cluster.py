@@ -6,7 +6,6 @@ from __future__ import annotations
 import queue
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -18,6 +17,7 @@ import pytest
 from cluster_helpers import VENV_BIN
 
 from flywheel.config import REPO_ROOT
+from flywheel.raycluster import free_port
 
 pytestmark = pytest.mark.cluster
 
@@ -30,18 +30,12 @@ def _status(url: str) -> int:
         return e.code
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _serve(cluster, judge: str, app: str, mode: str, workdir) -> subprocess.Popen:
     # serve.port: where Serve's proxy starts if it is not running yet (8000 may be someone else's); a running one
     # keeps its port, and the printed URL says which
     args = [str(VENV_BIN / "flywheel"), "serve", mode, "--config", "configs/local.yaml", f"run.workdir={workdir}",
             f"serve.model={judge}", f"serve.app_name={app}", f"serve.route_prefix=/{app}",
-            f"serve.port={_free_port()}"]
+            f"serve.port={free_port()}"]
     return subprocess.Popen(args, cwd=REPO_ROOT, env=cluster.env(RAY_ADDRESS=cluster.gcs_address),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
