@@ -56,6 +56,20 @@ def _processes(pattern: re.Pattern) -> list:
     return local_cluster.processes_matching(pattern)
 
 
+def _keep_visible(node_tmp: Path, venv: Path) -> str:
+    """Shell commands that bind the venv and this checkout into the node's /tmp at their own paths when they lie
+    under /tmp (a clone in a temp dir): a real node's image holds both, and without them its `ray start` is not
+    found (exit 127). Run before the node's /tmp covers the host's."""
+    out, paths = "", sorted(p for p in {venv.resolve(), Path(__file__).resolve().parent.parent}
+                            if p.is_relative_to("/tmp"))
+    for path in paths:
+        if not any(path != other and path.is_relative_to(other) for other in paths):  # a venv in the checkout
+            target = node_tmp / path.relative_to("/tmp")
+            target.mkdir(parents=True, exist_ok=True)
+            out += f"mount --bind {shlex.quote(str(path))} {shlex.quote(str(target))} && "
+    return out
+
+
 def can_private_tmp() -> bool:
     """Whether this process may give a node its own mount namespace (root, or CAP_SYS_ADMIN)."""
     try:
@@ -98,8 +112,10 @@ def add_node(info: dict, name: str, *, num_cpus: float, num_gpus: float = 0, res
     env |= {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token, "PATH": f"{venv_bin}{os.pathsep}{env.get('PATH', '')}"}
     if private_tmp:
         # The node's /tmp is its host directory; HOME and cwd live inside it, so ~ and relative paths are private.
-        script = (f"mount --bind {shlex.quote(str(host_dir / 'tmp'))} /tmp && mkdir -p /tmp/home /tmp/cwd "
-                  f"{shlex.quote(temp_dir)} && cd /tmp/cwd && exec env HOME=/tmp/home {shlex.join(cmd)}")
+        node_tmp = shlex.quote(str(host_dir / "tmp"))
+        script = (f"{_keep_visible(host_dir / 'tmp', venv_bin.parent)}mount --rbind {node_tmp} /tmp && "
+                  f"mkdir -p /tmp/home /tmp/cwd {shlex.quote(temp_dir)} && cd /tmp/cwd && "
+                  f"exec env HOME=/tmp/home {shlex.join(cmd)}")
         argv = ["unshare", "-m", "--propagation", "private", "sh", "-c", script]
         cwd = None
     else:

@@ -25,10 +25,13 @@ def preference_app_name(cfg: Config) -> str:
     """The Serve app an iteration labels through: its own name and route, never `serve.app_name`'s, so it neither
     replaces nor deletes a judge a user serves on the same cluster; per workdir, so two runs' apps stay apart.
     The labels name the served version only (HTTPTextEngine.name), so neither name nor port reaches them. A driver
-    killed while labelling leaves its app on a cluster until its workdir's next run replaces and deletes it
-    (`serve delete <name>` frees its replica sooner)."""
-    workdir = hashlib.sha256(str(cfg.run.workdir).encode()).hexdigest()[:8]
-    return f"{cfg.serve.app_name}-preferences-{workdir}"
+    killed while labelling leaves its app on a cluster until the next deployment of any workdir's preference app
+    deletes it (flywheel/serve/orphans.py)."""
+    return f"{preference_app_prefix(cfg)}{hashlib.sha256(str(cfg.run.workdir).encode()).hexdigest()[:8]}"
+
+
+def preference_app_prefix(cfg: Config) -> str:
+    return f"{cfg.serve.app_name}-preferences-"
 
 
 _SERVE_PORTS: dict[str, int] = {}  # embedded Ray's GCS address -> the port its Serve proxy was asked for here
@@ -54,6 +57,7 @@ def served_judge(cfg: Config, judge_ref: str):
     from ray import serve
 
     from flywheel.raycluster import embedded_ray, init_ray
+    from flywheel.serve import orphans
     from flywheel.serve.app import deploy
 
     c = cfg.model_copy(deep=True)
@@ -63,6 +67,8 @@ def served_judge(cfg: Config, judge_ref: str):
     init_ray(c)
     if embedded_ray():  # a private Ray: its proxy on a free port, never beside a user's `flywheel serve` on 8000
         c.serve.port = _embedded_serve_port()
+    orphans.hold_owner(c.serve.app_name)  # before the app exists: no other driver sees it ownerless
+    orphans.remove_orphans(preference_app_prefix(cfg))  # killed drivers' apps, this workdir's or another's
     deployed = deploy(c)
     try:
         yield deployed

@@ -6,7 +6,6 @@ import contextlib
 import json
 import os
 import shutil
-import socket
 import urllib.request
 
 import mlflow
@@ -16,16 +15,11 @@ import ray
 from flywheel.config import load_config
 from flywheel.datasets import read_manifest, read_rows, write_dataset
 from flywheel.iteration import IterationResult, paths
+from flywheel.raycluster import free_port
 from flywheel.preferences import make_preferences, pairs_vs_oracle, relabel
 from flywheel.serve.app import deploy
 from flywheel.track import Tracker
 from flywheel.train import registry
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture
@@ -36,7 +30,7 @@ def pcfg(cfg, zoo, tmp_path):
                               "candidates.seeded_variants=2",  # the judge's training candidates only
                               "preferences.subtasks=[iu_color, ig_single_object]", "policy.generation.max_new_tokens=6",
                               "generator.generation.num_inference_steps=2", "judge.generation.max_new_tokens=8",
-                              f"serve.port={_port()}", "serve.host=127.0.0.1", "resources.serve.num_cpus=0.5",
+                              f"serve.port={free_port()}", "serve.host=127.0.0.1", "resources.serve.num_cpus=0.5",
                               "resources.candidates.num_cpus=0.5", "resources.labeling.actors=1"])
 
 
@@ -79,11 +73,16 @@ def test_candidates_are_judged_through_serve_by_the_champion(pcfg, zoo, monkeypa
     ray.init(address="local", num_cpus=2, include_dashboard=False)
     try:
         users = deploy(pcfg.model_copy(update={"serve": pcfg.serve.model_copy(update={"model": "zoo:judge"})}))
+        # an app a killed driver left under the prefix (no live owner: flywheel/serve/orphans.py)
+        stale = f"{pcfg.serve.app_name}-preferences-stale"
+        serve.run(serve.deployment(lambda _request: "hi", ray_actor_options={"num_cpus": 0}).bind(), name=stale,
+                  route_prefix=f"/{stale}")
         with _iteration(pcfg) as (tracker, stage, res):
             out = make_preferences(pcfg, pcfg, p, 0, tracker, stage, res)
         # a later iteration's judge ranks these samples again (preferences.relabel_pool): served the same way
         relabeled = relabel(pcfg, version, {0: p})
-        # the iteration labelled through its own app: the one a user serves under serve.app_name is untouched
+        # the iteration labelled through its own app: the one a user serves under serve.app_name is untouched,
+        # the stale one is gone
         apps = serve.status().applications
         assert users.app_name == "judge" and apps["judge"].status == "RUNNING" and len(apps) == 1
         with urllib.request.urlopen(f"{users.url}/v1/models", timeout=30) as r:

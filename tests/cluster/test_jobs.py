@@ -7,7 +7,6 @@ import base64
 import io
 import json
 import re
-import socket
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -16,6 +15,8 @@ import pytest
 from mlflow import MlflowClient
 from PIL import Image
 from tiny_iteration import TINY
+
+from flywheel.raycluster import free_port
 
 
 pytestmark = pytest.mark.cluster
@@ -112,12 +113,6 @@ def test_eval_job_judges_a_labeled_set_with_the_judge_the_iteration_registered(l
     assert "pairwise" in text and "pointwise" in text
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_full_iteration_job_at_local_defaults(local_ray_cluster, tmp_path):
     """configs/local.yaml as `make run` uses it (10-20 min here): every stage, each a FINISHED nested run."""
@@ -126,7 +121,7 @@ def test_full_iteration_job_at_local_defaults(local_ray_cluster, tmp_path):
     # serve.port: the preference stage serves the judge on Serve's proxy; 8000 may be someone else's
     sid, status = local_ray_cluster.submit(["jobs/iteration.py", "--config", "configs/local.yaml",
                                              f"run.workdir={tmp_path}", f"tracking.uri=sqlite:///{db}",
-                                             f"serve.port={_free_port()}"], log, timeout=3600)
+                                             f"serve.port={free_port()}"], log, timeout=3600)
     assert status == "SUCCEEDED", log.read_text()[-4000:]
     client = MlflowClient(tracking_uri=f"sqlite:///{db}")
     exp = client.get_experiment_by_name("flywheel-local")

@@ -50,8 +50,9 @@ def test_a_node_whose_start_times_out_is_killed():
     try:
         info = local_cluster.start(root, num_cpus=1)
         with pytest.raises(subprocess.TimeoutExpired):
-            # no private /tmp: a venv under /tmp (a clone there) would not be visible to the node at all
-            local_nodes.add_node(info, "slow", num_cpus=1, timeout=2, private_tmp=False)
+            # with a private /tmp where this process may make one: from a clone under /tmp (CI's) its venv and
+            # checkout stay visible to the node, or its `ray start` would not be found (exit 127, not a timeout)
+            local_nodes.add_node(info, "slow", num_cpus=1, timeout=2)
         time.sleep(5)
         node_dir = re.compile(re.escape(f"{info['temp_dir']}/nodes/slow") + r"(?=/|$|\s)")
         left = local_cluster._alive(local_cluster.processes_matching(node_dir))

@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import socket
 import tempfile
 import time
 import uuid
@@ -34,6 +33,7 @@ from mlflow import MlflowClient
 from tiny_iteration import ZOO_MODELS
 
 from flywheel.config import REPO_ROOT
+from flywheel.raycluster import free_port
 
 from cluster_helpers import ClusterClient, local_cluster, ray_daemons
 import local_nodes  # noqa: E402  (on the path through cluster_helpers)
@@ -59,17 +59,11 @@ LABEL_PACE_S = 2.0  # per labeling batch in the node-loss run: the stage lasts l
 NODELOSS_STEPS, NODELOSS_SAVE = 40, 4
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class MultiNodeCluster(ClusterClient):
     def __init__(self, info: dict, shared: Path):
         super().__init__(info)
         self.shared = shared  # outside /tmp: what every node sees (the storage, the workdir, MLflow)
-        self.serve_port = _free_port()
+        self.serve_port = free_port()
         self.nodes: dict[str, local_nodes.LocalNode] = {}
         self.lost: list[local_nodes.LocalNode] = []
 

@@ -78,3 +78,59 @@ def test_a_blocking_serve_on_a_cluster_ends_only_its_own_app(local_ray_cluster, 
         subprocess.run([sys.executable, "-c", "import ray; from ray import serve; ray.init(); "
                         "serve.delete('keeper')"], env=local_ray_cluster.env(RAY_ADDRESS=local_ray_cluster.gcs_address),
                        timeout=120, check=False)
+
+
+DRIVER = """
+import sys, time
+import ray
+from ray import serve
+from flywheel.serve import orphans
+ray.init()
+serve.start(http_options={"host": "127.0.0.1", "port": int(sys.argv[1])})
+
+@serve.deployment(num_replicas=1, ray_actor_options={"num_cpus": 0})
+def hello(_request):
+    return "hi"
+
+orphans.hold_owner(sys.argv[2])
+serve.run(hello.bind(), name=sys.argv[2], route_prefix="/" + sys.argv[2])
+print("deployed", flush=True)
+time.sleep(600)
+"""
+SWEEP = """
+import sys, time
+import ray
+from flywheel.serve import orphans
+ray.init()
+deadline = time.time() + 60  # Ray frees a dead driver's actors within seconds
+while orphans.owner_alive(sys.argv[1]) and time.time() < deadline:
+    time.sleep(0.5)
+print("removed", orphans.remove_orphans(sys.argv[2]), flush=True)
+"""
+
+
+def test_the_app_of_a_killed_driver_is_deleted_by_the_next_sweep(local_ray_cluster):
+    """flywheel/serve/orphans.py on a real cluster: a driver holds its app's owner and is SIGKILLed; its app stays
+    on the cluster (Serve keeps it) until another driver's sweep of the prefix deletes it."""
+    env = local_ray_cluster.env(RAY_ADDRESS=local_ray_cluster.gcs_address)
+    app = "orph-preferences-kill"
+    driver = subprocess.Popen([sys.executable, "-c", DRIVER, str(free_port()), app], cwd=REPO_ROOT, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        out = []
+        for line in driver.stdout:
+            out.append(line)
+            if line.startswith("deployed"):
+                break
+        assert out and out[-1].startswith("deployed"), "".join(out)
+        driver.kill()
+        driver.wait(timeout=30)
+        sweep = subprocess.run([sys.executable, "-c", SWEEP, app, "orph-preferences-"], cwd=REPO_ROOT, env=env,
+                               capture_output=True, text=True, timeout=180)
+        assert f"removed ['{app}']" in sweep.stdout, sweep.stdout + sweep.stderr
+        status = subprocess.run([sys.executable, "-c", "import ray; from ray import serve; ray.init(); "
+                                 "print(sorted(serve.status().applications))"], cwd=REPO_ROOT, env=env,
+                                capture_output=True, text=True, timeout=120)
+        assert status.returncode == 0 and app not in status.stdout, status.stdout + status.stderr
+    finally:
+        driver.kill()

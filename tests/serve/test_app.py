@@ -326,3 +326,36 @@ def test_a_second_app_is_reached_on_the_port_serve_already_runs(app):
         assert requests.get(d.url + "/healthz", timeout=30).json()["model_version"] == app.version
     finally:
         serve.delete(d.app_name)
+
+
+def test_apps_left_by_gone_drivers_are_deleted_and_live_ones_kept(app):
+    """flywheel/serve/orphans.py: an app under the prefix without a live owner is deleted; one whose owner lives
+    (this driver's), another prefix's (a user's judge) and the prefix's apps deployed after are kept. The owner
+    of a driver that is killed goes with it: tests/cluster/test_serve_cluster.py."""
+    from ray import serve
+
+    from flywheel.serve import orphans
+
+    @serve.deployment(num_replicas=1, ray_actor_options={"num_cpus": 0})
+    def hello(_request) -> str:
+        return "hi"
+
+    names = ["orph-preferences-gone", "orph-preferences-live"]
+    orphans.hold_owner(names[1])
+    orphans.hold_owner(names[1])  # held once per driver: a second deployment of the app reuses the owner
+    for name in names:
+        serve.run(hello.bind(), name=name, route_prefix=f"/{name}")
+    try:
+        assert orphans.owner_alive(names[1]) and not orphans.owner_alive(names[0])
+        assert orphans.remove_orphans("orph-preferences-") == [names[0]]
+        apps = serve.status().applications
+        assert names[1] in apps and names[0] not in apps and app.cfg.serve.app_name in apps
+        # another driver deploying the same app while its owner lives is refused, with the reason
+        held = dict(orphans._HELD)  # the handles keep the owners alive (Ray collects an unreferenced actor)
+        orphans._HELD.clear()
+        with pytest.raises(RuntimeError, match="another live driver"):
+            orphans.hold_owner(names[1])
+        orphans._HELD.update(held)
+    finally:
+        for name in names:
+            serve.delete(name)

@@ -1,0 +1,75 @@
+"""Serve apps that live only as long as the driver that deployed them.
+
+A Serve app outlives its driver: the Serve controller keeps it until someone deletes it. An iteration's preference
+app is deleted when its labels are done, but a driver killed mid-labelling leaves it holding its replica (a GPU on
+a cluster), and a later deployment can wait on those resources forever. So the driver starts a tiny actor beside
+each such app. Ray fate-shares a non-detached actor with the driver that created it, so when the driver dies the
+actor's name goes away, on any node. An app under the prefix whose owner name is gone was left by a dead driver,
+and the next deployment under that prefix deletes it (orphans older than this scheme have no owner either).
+"""
+
+from __future__ import annotations
+
+import logging
+
+log = logging.getLogger(__name__)
+NAMESPACE = "flywheel-serve-owners"  # fixed: drivers in other namespaces must find each other's owners
+
+
+def owner_name(app_name: str) -> str:
+    return f"{app_name}-owner"
+
+
+def owner_alive(app_name: str) -> bool:
+    import ray
+
+    try:
+        ray.get_actor(owner_name(app_name), namespace=NAMESPACE)
+    except ValueError:  # Ray's "no such actor": never created, or gone with its driver
+        return False
+    return True
+
+
+def remove_orphans(prefix: str) -> list[str]:
+    """Delete every Serve app whose name starts with `prefix` and whose owner is gone; returns their names."""
+    from ray import serve
+
+    gone = [name for name in serve.status().applications if name.startswith(prefix) and not owner_alive(name)]
+    for name in gone:
+        log.warning("Serve app %s was left by a driver that is gone: deleting it", name)
+        serve.delete(name)
+    return gone
+
+
+# (Ray's GCS address, app name) -> the owner this driver holds. The handle must stay referenced: Ray collects an
+# unreferenced actor, named or not.
+_HELD: dict[tuple[str, str], object] = {}
+
+
+def hold_owner(app_name: str) -> None:
+    """Start `app_name`'s owner in this driver, before deploying the app, so another driver never sees the app
+    without it. The owner lives as long as the driver, not the deployment: a name freed by ray.kill is released
+    asynchronously, and the next deployment of the same app (seconds later) could find it still taken."""
+    import ray
+
+    key = (ray.get_runtime_context().gcs_address, app_name)
+    if key in _HELD:
+        return
+    try:
+        owner = _owner_class().options(name=owner_name(app_name), namespace=NAMESPACE, lifetime=None).remote()
+        ray.get(owner.ready.remote())
+    except ValueError as e:  # Ray refuses a taken name (ActorAlreadyExistsError)
+        raise RuntimeError(f"Serve app {app_name} belongs to another live driver (its owner "
+                           f"{owner_name(app_name)!r} exists in namespace {NAMESPACE!r}): one driver per app") from e
+    _HELD[key] = owner
+
+
+def _owner_class():
+    import ray
+
+    @ray.remote(num_cpus=0)
+    class ServeAppOwner:
+        def ready(self) -> bool:
+            return True
+
+    return ServeAppOwner
