@@ -11,6 +11,7 @@ and the next deployment under that prefix deletes it (orphans older than this sc
 from __future__ import annotations
 
 import logging
+import time
 
 log = logging.getLogger(__name__)
 NAMESPACE = "flywheel-serve-owners"  # fixed: drivers in other namespaces must find each other's owners
@@ -41,26 +42,34 @@ def remove_orphans(prefix: str) -> list[str]:
     return gone
 
 
-# (Ray's GCS address, app name) -> the owner this driver holds. The handle must stay referenced: Ray collects an
-# unreferenced actor, named or not.
-_HELD: dict[tuple[str, str], object] = {}
+# (Ray's GCS address, this connection's job id, app name) -> the owner this driver holds: a new ray.init is a new
+# job, whose owner must be started again. The handle must stay referenced: Ray collects an unreferenced actor.
+_HELD: dict[tuple[str, str, str], object] = {}
 
 
-def hold_owner(app_name: str) -> None:
+def hold_owner(app_name: str, retry_s: float = 10.0) -> None:
     """Start `app_name`'s owner in this driver, before deploying the app, so another driver never sees the app
     without it. The owner lives as long as the driver, not the deployment: a name freed by ray.kill is released
     asynchronously, and the next deployment of the same app (seconds later) could find it still taken."""
     import ray
 
-    key = (ray.get_runtime_context().gcs_address, app_name)
+    context = ray.get_runtime_context()
+    key = (context.gcs_address, context.get_job_id(), app_name)
     if key in _HELD:
         return
-    try:
-        owner = _owner_class().options(name=owner_name(app_name), namespace=NAMESPACE, lifetime=None).remote()
-        ray.get(owner.ready.remote())
-    except ValueError as e:  # Ray refuses a taken name (ActorAlreadyExistsError)
-        raise RuntimeError(f"Serve app {app_name} belongs to another live driver (its owner "
-                           f"{owner_name(app_name)!r} exists in namespace {NAMESPACE!r}): one driver per app") from e
+    deadline = time.monotonic() + retry_s
+    while True:
+        try:
+            owner = _owner_class().options(name=owner_name(app_name), namespace=NAMESPACE, lifetime=None).remote()
+            ray.get(owner.ready.remote())
+            break
+        except ValueError as e:  # Ray refuses a taken name (ActorAlreadyExistsError)
+            if time.monotonic() < deadline:  # a driver that just ended (this process's last ray.init) frees it soon
+                time.sleep(0.5)
+                continue
+            raise RuntimeError(f"Serve app {app_name} belongs to another live driver (its owner "
+                               f"{owner_name(app_name)!r} exists in namespace {NAMESPACE!r}): one driver per app"
+                               ) from e
     _HELD[key] = owner
 
 

