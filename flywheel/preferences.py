@@ -25,13 +25,15 @@ def preference_app_name(cfg: Config) -> str:
     """The Serve app an iteration labels through: its own name and route, never `serve.app_name`'s, so it neither
     replaces nor deletes a judge a user serves on the same cluster; per workdir, so two runs' apps stay apart.
     The labels name the served version only (HTTPTextEngine.name), so neither name nor port reaches them. A driver
-    killed while labelling leaves its app on a cluster until the next deployment of any workdir's preference app
-    deletes it (flywheel/serve/orphans.py)."""
-    return f"{preference_app_prefix(cfg)}{hashlib.sha256(str(cfg.run.workdir).encode()).hexdigest()[:8]}"
+    killed while labelling leaves its app on a cluster until the next preference deployment there with the same
+    serve.app_name deletes it (flywheel/serve/orphans.py)."""
+    return f"{cfg.serve.app_name}-preferences-{hashlib.sha256(str(cfg.run.workdir).encode()).hexdigest()[:8]}"
 
 
-def preference_app_prefix(cfg: Config) -> str:
-    return f"{cfg.serve.app_name}-preferences-"
+def preference_app_pattern(cfg: Config) -> re.Pattern:
+    """The names preference_app_name gives, for any workdir: what the sweep of orphaned apps may delete (never an
+    app a user named otherwise)."""
+    return re.compile(re.escape(f"{cfg.serve.app_name}-preferences-") + "[0-9a-f]{8}")
 
 
 _SERVE_PORTS: dict[str, int] = {}  # embedded Ray's GCS address -> the port its Serve proxy was asked for here
@@ -67,8 +69,10 @@ def served_judge(cfg: Config, judge_ref: str):
     init_ray(c)
     if embedded_ray():  # a private Ray: its proxy on a free port, never beside a user's `flywheel serve` on 8000
         c.serve.port = _embedded_serve_port()
-    orphans.hold_owner(c.serve.app_name)  # before the app exists: no other driver sees it ownerless
-    orphans.remove_orphans(preference_app_prefix(cfg))  # killed drivers' apps, this workdir's or another's
+    # killed drivers' apps, this workdir's or another's; then this one's owner, before its app exists
+    orphans.remove_orphans(preference_app_pattern(cfg))
+    if not embedded_ray():  # an embedded Ray goes with its driver, apps and all
+        orphans.hold_owner(c.serve.app_name)
     deployed = deploy(c)
     try:
         yield deployed

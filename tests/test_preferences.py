@@ -15,8 +15,8 @@ import ray
 from flywheel.config import load_config
 from flywheel.datasets import read_manifest, read_rows, write_dataset
 from flywheel.iteration import IterationResult, paths
-from flywheel.raycluster import free_port
 from flywheel.preferences import make_preferences, pairs_vs_oracle, relabel
+from flywheel.raycluster import free_port
 from flywheel.serve.app import deploy
 from flywheel.track import Tracker
 from flywheel.train import registry
@@ -73,18 +73,20 @@ def test_candidates_are_judged_through_serve_by_the_champion(pcfg, zoo, monkeypa
     ray.init(address="local", num_cpus=2, include_dashboard=False)
     try:
         users = deploy(pcfg.model_copy(update={"serve": pcfg.serve.model_copy(update={"model": "zoo:judge"})}))
-        # an app a killed driver left under the prefix (no live owner: flywheel/serve/orphans.py)
-        stale = f"{pcfg.serve.app_name}-preferences-stale"
-        serve.run(serve.deployment(lambda _request: "hi", ray_actor_options={"num_cpus": 0}).bind(), name=stale,
-                  route_prefix=f"/{stale}")
+        # an app a killed driver left (no live owner: flywheel/serve/orphans.py), and a user's app that only
+        # looks alike (not a workdir hash): the sweep deletes the first alone
+        hello = serve.deployment(lambda _request: "hi", ray_actor_options={"num_cpus": 0})
+        stale, alike = (f"{pcfg.serve.app_name}-preferences-{tail}" for tail in ("0badc0de", "mine"))
+        for name in (stale, alike):
+            serve.run(hello.bind(), name=name, route_prefix=f"/{name}")
         with _iteration(pcfg) as (tracker, stage, res):
             out = make_preferences(pcfg, pcfg, p, 0, tracker, stage, res)
         # a later iteration's judge ranks these samples again (preferences.relabel_pool): served the same way
         relabeled = relabel(pcfg, version, {0: p})
         # the iteration labelled through its own app: the one a user serves under serve.app_name is untouched,
-        # the stale one is gone
+        # the stale one is gone, the look-alike kept
         apps = serve.status().applications
-        assert users.app_name == "judge" and apps["judge"].status == "RUNNING" and len(apps) == 1
+        assert users.app_name == "judge" and apps["judge"].status == "RUNNING" and set(apps) == {"judge", alike}
         with urllib.request.urlopen(f"{users.url}/v1/models", timeout=30) as r:
             assert json.load(r)["model_version"] == users.served.version
     finally:
@@ -159,7 +161,8 @@ def test_policy_candidates_sample_at_the_preference_temperature():
 
     cfg = load_config(None, ["policy.generation.temperature=0.7", "preferences.samples_per_prompt=6"])
     assert sampling_config(cfg).policy.generation.temperature == 0.7  # unset: the policy's own sampling
-    hot = sampling_config(load_config(None, ["policy.generation.temperature=0.7", "preferences.policy_temperature=1.3"]))
+    hot = sampling_config(load_config(None, ["policy.generation.temperature=0.7",
+                                             "preferences.policy_temperature=1.3"]))
     assert hot.policy.generation.temperature == 1.3
     assert sampling_config(cfg).candidates.samples_per_prompt == 6
     assert sampling_config(cfg).candidates.seeded_variants == 0  # the policies' own samples only

@@ -40,21 +40,26 @@ def _serve(cluster, judge: str, app: str, mode: str, workdir) -> subprocess.Pope
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
-def _url_of(proc: subprocess.Popen, until: str, timeout: float = 300) -> tuple[str, str]:
-    """Read the process's output up to the line containing `until` (failing after `timeout` s: a deploy that waits
-    for CPUs must not hang the session); returns (the app's URL, the output)."""
+def _read_until(proc: subprocess.Popen, until: str, timeout: float = 300) -> list[str]:
+    """The process's output lines up to the one containing `until`, failing after `timeout` s: a deploy that waits
+    for CPUs must not hang the session."""
     lines: queue.Queue = queue.Queue()
     threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()
-    out, url, deadline = [], None, time.time() + timeout
+    out, deadline = [], time.time() + timeout
     while not out or until not in out[-1]:
         try:
             out.append(lines.get(timeout=max(0.1, deadline - time.time())))
         except queue.Empty:
             pytest.fail(f"no {until!r} within {timeout:.0f} s:\n{''.join(out)}")
-        if m := re.search(r"serving at (http://\S+)", out[-1]):
-            url = m.group(1)
-    assert url, "".join(out)
-    return url, "".join(out)
+    return out
+
+
+def _url_of(proc: subprocess.Popen, until: str) -> tuple[str, str]:
+    """(the app's URL that `flywheel serve` printed, its output up to the line containing `until`)."""
+    out = _read_until(proc, until)
+    urls = [m.group(1) for line in out if (m := re.search(r"serving at (http://\S+)", line))]
+    assert urls, "".join(out)
+    return urls[-1], "".join(out)
 
 
 def test_a_blocking_serve_on_a_cluster_ends_only_its_own_app(local_ray_cluster, zoo, tmp_path):
@@ -98,39 +103,40 @@ print("deployed", flush=True)
 time.sleep(600)
 """
 SWEEP = """
-import sys, time
+import re, sys, time
 import ray
 from flywheel.serve import orphans
 ray.init()
 deadline = time.time() + 60  # Ray frees a dead driver's actors within seconds
 while orphans.owner_alive(sys.argv[1]) and time.time() < deadline:
     time.sleep(0.5)
-print("removed", orphans.remove_orphans(sys.argv[2]), flush=True)
+print("removed", orphans.remove_orphans(re.compile(sys.argv[2])), flush=True)
 """
 
 
 def test_the_app_of_a_killed_driver_is_deleted_by_the_next_sweep(local_ray_cluster):
     """flywheel/serve/orphans.py on a real cluster: a driver holds its app's owner and is SIGKILLed; its app stays
-    on the cluster (Serve keeps it) until another driver's sweep of the prefix deletes it."""
+    on the cluster (Serve keeps it) until another driver's sweep deletes it."""
     env = local_ray_cluster.env(RAY_ADDRESS=local_ray_cluster.gcs_address)
-    app = "orph-preferences-kill"
+    app = "orph-preferences-00c0ffee"
     driver = subprocess.Popen([sys.executable, "-c", DRIVER, str(free_port()), app], cwd=REPO_ROOT, env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    swept = False
     try:
-        out = []
-        for line in driver.stdout:
-            out.append(line)
-            if line.startswith("deployed"):
-                break
-        assert out and out[-1].startswith("deployed"), "".join(out)
+        _read_until(driver, "deployed", timeout=180)
         driver.kill()
         driver.wait(timeout=30)
-        sweep = subprocess.run([sys.executable, "-c", SWEEP, app, "orph-preferences-"], cwd=REPO_ROOT, env=env,
-                               capture_output=True, text=True, timeout=180)
+        sweep = subprocess.run([sys.executable, "-c", SWEEP, app, "orph-preferences-[0-9a-f]{8}"], cwd=REPO_ROOT,
+                               env=env, capture_output=True, text=True, timeout=180)
         assert f"removed ['{app}']" in sweep.stdout, sweep.stdout + sweep.stderr
         status = subprocess.run([sys.executable, "-c", "import ray; from ray import serve; ray.init(); "
                                  "print(sorted(serve.status().applications))"], cwd=REPO_ROOT, env=env,
                                 capture_output=True, text=True, timeout=120)
         assert status.returncode == 0 and app not in status.stdout, status.stdout + status.stderr
+        swept = True
     finally:
         driver.kill()
+        driver.wait(timeout=30)
+        if not swept:  # the app must not hold on into the session's later tests
+            subprocess.run([sys.executable, "-c", f"import ray; from ray import serve; ray.init(); "
+                            f"serve.delete({app!r})"], env=env, timeout=120, check=False)

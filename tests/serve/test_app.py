@@ -11,6 +11,7 @@ import base64
 import io
 import json
 import os
+import re
 import shutil
 import socket
 import time
@@ -329,9 +330,10 @@ def test_a_second_app_is_reached_on_the_port_serve_already_runs(app):
 
 
 def test_apps_left_by_gone_drivers_are_deleted_and_live_ones_kept(app):
-    """flywheel/serve/orphans.py: an app under the prefix without a live owner is deleted; one whose owner lives
-    (this driver's), another prefix's (a user's judge) and the prefix's apps deployed after are kept. The owner
-    of a driver that is killed goes with it: tests/cluster/test_serve_cluster.py."""
+    """flywheel/serve/orphans.py: an app matching the pattern without a live owner is deleted; one whose owner
+    lives (this driver's) and an app outside the pattern (a user's judge) are kept. An owner that died is started
+    again. The owner of a driver that is killed goes with it: tests/cluster/test_serve_cluster.py."""
+    import ray
     from ray import serve
 
     from flywheel.serve import orphans
@@ -340,22 +342,33 @@ def test_apps_left_by_gone_drivers_are_deleted_and_live_ones_kept(app):
     def hello(_request) -> str:
         return "hi"
 
-    names = ["orph-preferences-gone", "orph-preferences-live"]
-    orphans.hold_owner(names[1])
-    orphans.hold_owner(names[1])  # held once per driver: a second deployment of the app reuses the owner
-    for name in names:
+    gone, live = "orph-preferences-0000dead", "orph-preferences-0000beef"
+    orphans.hold_owner(live)
+    orphans.hold_owner(live)  # held once per driver: a second deployment of the app reuses the owner
+    for name in (gone, live):
         serve.run(hello.bind(), name=name, route_prefix=f"/{name}")
+    held = dict(orphans._HELD)  # the handles keep the owners alive (Ray collects an unreferenced actor)
     try:
-        assert orphans.owner_alive(names[1]) and not orphans.owner_alive(names[0])
-        assert orphans.remove_orphans("orph-preferences-") == [names[0]]
+        assert orphans.owner_alive(live) and not orphans.owner_alive(gone)
+        assert orphans.remove_orphans(re.compile(r"orph-preferences-[0-9a-f]{8}")) == [gone]
         apps = serve.status().applications
-        assert names[1] in apps and names[0] not in apps and app.cfg.serve.app_name in apps
+        assert live in apps and gone not in apps and app.cfg.serve.app_name in apps
         # another driver deploying the same app while its owner lives is refused, with the reason
-        held = dict(orphans._HELD)  # the handles keep the owners alive (Ray collects an unreferenced actor)
         orphans._HELD.clear()
         with pytest.raises(RuntimeError, match="another live driver"):
-            orphans.hold_owner(names[1], retry_s=1)
+            orphans.hold_owner(live, retry_s=1)
         orphans._HELD.update(held)
+        # an owner lost (its node, here killed) is started again by the next deployment, not trusted as held
+        (owner,) = [h for key, h in held.items() if key[2] == live]
+        ray.kill(owner)
+        deadline = time.time() + 30
+        while orphans.owner_alive(live) and time.time() < deadline:
+            time.sleep(0.2)
+        assert not orphans.owner_alive(live)
+        orphans.hold_owner(live)
+        assert orphans.owner_alive(live)
     finally:
-        for name in names:
+        for key, handle in held.items():  # after a failure above: never left cleared
+            orphans._HELD.setdefault(key, handle)
+        for name in (gone, live):
             serve.delete(name)
