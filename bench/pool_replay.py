@@ -12,6 +12,8 @@ orders it as the oracle does (ties dropped): what the same samples give with per
         [--pool another pool of the same kind ...] [--min-margin 2] [--oracle] [--base world:policy]
         [--workdir runs/bench-pool-replay] [--models-from runs/t7/models] [--set train.policy_dpo.methods=[dpo_sft] ...]
         [--subtask iu_existence ...] [--perfect iu_existence:1000 ...]   (--perfect alone needs no --pool)
+        [--sampled 16:1:480]   (K:P:N: the start policy's own K samples on N fresh items, up to P right-over-wrong
+                                pairs per item by the oracle; alone it needs no --pool)
         [--eval run.seed=7 --eval gate.eval_items=240]   (score on fresh items, not the gate's: for tuning)
 
 Measured 2026-11-26 (docs/results.md, runs/t6 vs runs/t7), seeds 1 / 2 / 3, held-out best and gate accuracy:
@@ -41,6 +43,9 @@ Measured 2026-11-26 (docs/results.md, runs/t6 vs runs/t7), seeds 1 / 2 / 3, held
   sft_weight 2 0.592 / 0.592 / 0.596; sft_weight 0.5 0.575 / 0.600 / 0.596; lr 5e-4 0.596 / 0.592 / 0.596; beta
   0.1 0.600 / 0.600 / 0.596; `--oracle` (331 pairs decided, 46 reversed) 0.600 / 0.608 / 0.604. A plateau: the
   judge's ranking is as good as the oracle's here, and no training knob moves it.
+- `--sampled` (2026-11-27, docs/results.md "The LLaVA's samples hold more than its update learns"), from runs/fr2's
+  base LLaVA (gate 0.592), seeds 0 / 1 / 2: 16:1:480 (315 pairs) refused by the guard / 0.658 / 0.675; 4:1:900
+  (333 pairs) 0.658 / 0.658 / refused by the guard. Count stays at 0.600 in every run.
 About 70 s per LLaVA run and 60-110 s per SDXL run on the 2-core box (1,000 perfect pairs: ~3 minutes).
 """
 from __future__ import annotations
@@ -48,6 +53,7 @@ from __future__ import annotations
 import argparse
 import glob
 import os
+import re
 import shutil
 
 import numpy as np
@@ -130,12 +136,50 @@ def perfect_pairs(world, subtask: str, n: int, seed: int = 12345) -> list[dict]:
     return rows
 
 
+SAMPLED_STREAM = 7937  # fresh items of --sampled (policy_eval's gate and early-stopping streams are 7919, 7927)
+
+
+def sampled_pairs(cfg, base: str, k: int, per_item: int, n_items: int, seed: int = 4242) -> list[dict]:
+    """Pool rows from the start policy's own samples on `n_items` fresh items of every question type (captions
+    too), ordered by the oracle: `k` samples per item at the preference stage's temperature, and up to `per_item`
+    pairs per item of a distinct right answer over a distinct wrong one (paired in draw order). What a pool would
+    hold with perfect labels and k samples per prompt (the loop draws preferences.samples_per_prompt)."""
+    from flywheel.engines.hf import HFTextEngine
+    from flywheel.preferences import sampling_config
+    from flywheel.worlds.shapes import policy_eval as pe
+
+    world = cfg.world.shapes
+    items = pe.text_items(world, n_items, seed, SAMPLED_STREAM)
+    engine = HFTextEngine(resolve_model_path(ModelRef(path=base), cfg), sampling_config(cfg).policy.generation)
+    requests = pe.text_requests(items, world)
+    draws = [engine.generate(requests, seed=seed + 1000 * (j + 1)) for j in range(k)]
+    del engine
+    rows, mixed = [], 0
+    for i, (subtask, scene, question, q) in enumerate(items):
+        right, wrong = [], []
+        for text in dict.fromkeys((d[i].text or "").strip() for d in draws if d[i].ok):
+            check = pe.check_answer(q, text, scene)
+            (right if not check.unparseable and check.correct == 1.0 else wrong).append(text)
+        mixed += bool(right and wrong)
+        image = to_png_bytes(render(scene, world.image_size))
+        for good, bad in list(zip(right, wrong))[:per_item]:
+            rows.append({"target": "policy", "images": [image],
+                         "prompt": policy_user_message({"images": [image], "query": question}),
+                         "chosen": assistant(good), "rejected": assistant(bad), "chosen_score": 1.0,
+                         "rejected_score": 0.0, "margin": 1.0, "protocol": None, "subtask": subtask,
+                         "source_ids": [], "meta": {"labels": "oracle-sampled"}})
+    print(f"sampled: {n_items} items x {k} samples, {mixed} with a right and a wrong answer, {len(rows)} pairs")
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pool", action="append", default=[], help="a pooled dataset, <workdir>/data/iterations/"
                     "<n>/pref-pool/<kind>; repeat it to train on several pools of one kind at once")
     ap.add_argument("--perfect", action="append", default=[], metavar="SUBTASK:N", help="add N perfect pairs of "
                     "a question sub-task (right answer over a wrong one, fresh scenes), e.g. iu_existence:1000")
+    ap.add_argument("--sampled", default=None, metavar="K:P:N", help="pairs from the start policy's own samples "
+                    "on N fresh items, K per item, up to P right-over-wrong pairs per item, by the oracle")
     ap.add_argument("--seeds", default="0", help="training seeds, comma-separated")
     ap.add_argument("--min-margin", type=float, default=None, help="keep only pairs with at least this margin")
     ap.add_argument("--subtask", action="append", default=None, help="keep only this sub-task's pairs (repeatable)")
@@ -157,7 +201,7 @@ def main() -> None:
     cfg = load_config(a.config, [f"run.workdir={workdir}"])
     eval_cfg = load_config(a.config, [f"run.workdir={workdir}", *a.eval_sets])
     pools = [os.path.abspath(p) for p in a.pool]
-    kinds = {read_manifest(p).kind for p in pools} | ({"dpo"} if a.perfect else set())
+    kinds = {read_manifest(p).kind for p in pools} | ({"dpo"} if a.perfect or a.sampled else set())
     if len(kinds) != 1:
         raise SystemExit(f"--pool / --perfect: pairs of one kind only, got {sorted(kinds) or 'none'}")
     kind, data = kinds.pop(), (pools or [None])[0]
@@ -165,7 +209,7 @@ def main() -> None:
         raise SystemExit("--oracle orders pooled samples: give a --pool")
     training, base, evaluate, metric = KINDS[kind]
     base = a.base or base
-    if a.min_margin is not None or a.oracle or a.subtask or a.perfect or len(pools) > 1:
+    if a.min_margin is not None or a.oracle or a.subtask or a.perfect or a.sampled or len(pools) > 1:
         rows = [r for p in pools for r in read_rows(p) if (a.min_margin is None or r["margin"] >= a.min_margin)
                 and (not a.subtask or r["subtask"] in a.subtask)]
         rows = oracle_ranked(rows, data, cfg.world.shapes) if a.oracle else rows
@@ -174,8 +218,14 @@ def main() -> None:
             if subtask not in PERFECT_SUBTASKS or not n.isdigit():
                 raise SystemExit(f"--perfect {spec!r}: expected SUBTASK:N with SUBTASK one of {PERFECT_SUBTASKS}")
             rows += perfect_pairs(cfg.world.shapes, subtask, int(n))
+        if a.sampled:
+            if not re.fullmatch(r"[1-9]\d*:[1-9]\d*:[1-9]\d*", a.sampled):
+                raise SystemExit(f"--sampled {a.sampled!r}: expected K:P:N, three positive integers")
+            k, per_item, n_items = (int(x) for x in a.sampled.split(":"))
+            rows += sampled_pairs(cfg, base, k, per_item, n_items)
         data = (f"{workdir}/data/pool-{kind}-margin-{a.min_margin or 0:g}{'-oracle' if a.oracle else ''}"
-                + "".join(f"-{s}" for s in [*(a.subtask or ()), *a.perfect]).replace(":", ""))
+                + "".join(f"-{s}" for s in [*(a.subtask or ()), *a.perfect]).replace(":", "")
+                + (f"-sampled{a.sampled.replace(':', 'x')}" if a.sampled else ""))
         write_dataset(data, kind, rows, config_hash="bench", producer="bench/pool_replay.py")
         print(f"{len(rows)} pairs" + (f" with margin >= {a.min_margin:g}" if a.min_margin is not None else ""))
     # the start model by its folder: with another run.seed the world's name would resolve to another base

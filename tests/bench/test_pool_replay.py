@@ -21,7 +21,7 @@ def test_the_replay_bench_loads_and_documents_its_options():
     out = subprocess.run([sys.executable, str(REPO_ROOT / "bench" / "pool_replay.py"), "--help"], capture_output=True,
                          text=True, check=True, cwd=REPO_ROOT).stdout
     assert all(opt in out for opt in ("--pool", "--seeds", "--min-margin", "--oracle", "--base", "--models-from",
-                                      "--set", "--subtask", "--perfect", "--eval"))
+                                      "--set", "--subtask", "--perfect", "--sampled", "--eval"))
 
 
 def test_oracle_ordering_reverses_wrong_pairs_and_drops_ties_and_pairs_it_cannot_decide():
@@ -95,3 +95,39 @@ def test_oracle_ranking_finds_a_text_pairs_prompt_through_its_candidates(tmp_pat
     out = bench.oracle_ranked([row], str(it / "pref-pool" / "dpo"), world=None)
     assert seen == ["p1", "p1"]
     assert [(r["chosen"], r["source_ids"]) for r in out] == [("Three.", ["c2", "c1"])]  # the oracle's order
+
+
+def test_sampled_pairs_choose_a_right_sample_over_a_wrong_one_per_item(tmp_path, monkeypatch):
+    """--sampled: the policy's draws are stood in for by a fake engine (odd draws give each item's reference
+    answer, even draws an unreadable one), and the start model's path by a placeholder, so this checks the pairing
+    and the rows without a model: one distinct right over one distinct wrong answer per item, valid pool rows."""
+    import json
+
+    from flywheel.config import load_config
+    from flywheel.datasets import read_rows, write_dataset
+    from flywheel.engines import TextResult
+    from flywheel.worlds.shapes import policy_eval as pe
+
+    bench = _load_bench()
+    cfg = load_config()
+    items = pe.text_items(cfg.world.shapes, 8, 4242, bench.SAMPLED_STREAM)
+
+    class Draws:
+        def __init__(self, _path, generation):
+            assert generation.temperature == cfg.policy.generation.temperature  # the preference stage's sampling
+
+        def generate(self, requests, seed):
+            draw = (seed - 4242) // 1000
+            return [TextResult(text=(q["reference"] if draw % 2 else "Zzz.") + " ") for *_, q in items]
+
+    monkeypatch.setattr("flywheel.engines.hf.HFTextEngine", Draws)
+    monkeypatch.setattr(bench, "resolve_model_path", lambda ref, _cfg: "/no/model")
+    rows = bench.sampled_pairs(cfg, "world:policy", k=3, per_item=2, n_items=8)
+    assert len(rows) == 8  # each item: right (draws 1 and 3, one distinct answer) over wrong (draw 2)
+    manifest = write_dataset(str(tmp_path / "pool"), "dpo", rows, config_hash="t", producer="test")
+    assert manifest.row_count == 8 and not manifest.quarantined
+    said = lambda m: json.loads(m)[0]["content"][0]["text"]  # noqa: E731
+    for row, (_, scene, question, q) in zip(read_rows(str(tmp_path / "pool")), items, strict=True):
+        assert said(row["chosen"]) == q["reference"] and said(row["rejected"]) == "Zzz."
+        assert pe.check_answer(q, said(row["chosen"]), scene).correct == 1.0
+        assert question in row["prompt"]
