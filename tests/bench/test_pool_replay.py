@@ -131,3 +131,9 @@ def test_sampled_pairs_choose_a_right_sample_over_a_wrong_one_per_item(tmp_path,
         assert said(row["chosen"]) == q["reference"] and said(row["rejected"]) == "Zzz."
         assert pe.check_answer(q, said(row["chosen"]), scene).correct == 1.0
         assert question in row["prompt"]
+
+
+def test_a_sampled_spec_that_is_not_three_positive_integers_is_refused_by_name(tmp_path):
+    out = subprocess.run([sys.executable, str(REPO_ROOT / "bench" / "pool_replay.py"), "--sampled", "16:0:480",
+                          "--workdir", str(tmp_path)], capture_output=True, text=True, cwd=REPO_ROOT)
+    assert out.returncode != 0 and "--sampled '16:0:480': expected K:P:N" in out.stderr
