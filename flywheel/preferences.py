@@ -27,13 +27,17 @@ def preference_app_name(cfg: Config) -> str:
     The labels name the served version only (HTTPTextEngine.name), so neither name nor port reaches them. A driver
     killed while labelling leaves its app on a cluster until the next preference deployment there with the same
     serve.app_name deletes it (flywheel/serve/orphans.py)."""
-    return f"{cfg.serve.app_name}-preferences-{hashlib.sha256(str(cfg.run.workdir).encode()).hexdigest()[:8]}"
+    return _app_prefix(cfg) + hashlib.sha256(str(cfg.run.workdir).encode()).hexdigest()[:8]
 
 
 def preference_app_pattern(cfg: Config) -> re.Pattern:
     """The names preference_app_name gives, for any workdir: what the sweep of orphaned apps may delete (never an
     app a user named otherwise)."""
-    return re.compile(re.escape(f"{cfg.serve.app_name}-preferences-") + "[0-9a-f]{8}")
+    return re.compile(re.escape(_app_prefix(cfg)) + "[0-9a-f]{8}")
+
+
+def _app_prefix(cfg: Config) -> str:
+    return f"{cfg.serve.app_name}-preferences-"
 
 
 _SERVE_PORTS: dict[str, int] = {}  # embedded Ray's GCS address -> the port its Serve proxy was asked for here
