@@ -3,9 +3,10 @@
 from flywheel.engines.base import ImageResult, TextResult
 from flywheel.worlds.shapes.config import ShapesWorldConfig
 from flywheel.worlds.shapes.policy_eval import (evaluate_generator, evaluate_generator_items, evaluate_text_policy,
-                                                evaluate_text_policy_items, generator_items, text_items)
+                                                evaluate_text_policy_items, generator_items, score_text_items,
+                                                text_items)
 from flywheel.worlds.shapes.render import render
-from flywheel.worlds.shapes.scene import Scene, describe
+from flywheel.worlds.shapes.scene import Obj, Scene, describe
 from flywheel.worlds.shapes.spec import scene_for_spec
 
 WORLD = ShapesWorldConfig()
@@ -71,3 +72,24 @@ def test_per_item_values_are_what_the_gated_metrics_average_in_item_order():
     assert [k for k, r in zip(kinds, right) if r == 0.0] == ["caption"] * kinds.count("caption")  # the habit
     metrics, per_item = evaluate_generator_items(ScriptedImages(6, True), WORLD, n=6)
     assert len(per_item["score10"]) == 6 and sum(per_item["score10"]) / 6 == metrics["score10"]
+
+
+def test_caption_f1_rewards_dropping_inventions_and_punishes_dropping_objects():
+    """Recall alone falls when a caption drops a made-up object along with a real one; F1 weighs both."""
+    scene = Scene((Obj("circle", "red", 0.2, 0.2, 0.5), Obj("square", "blue", 0.2, 0.5, 0.5),
+                   Obj("triangle", "green", 0.2, 0.8, 0.5)))
+    caption = {"type": "caption"}
+
+    def measures(*texts):
+        return score_text_items([(None, scene, None, caption)] * len(texts), [TextResult(text=t) for t in texts])[0]
+
+    full = measures("A red circle, a blue square and a green triangle.")
+    assert full["caption_f1"] == full["caption_recall"] == 1.0
+    invented = measures("A red circle, a blue square, a green triangle and a purple square.")  # 3 of 4 right
+    shortened = measures("A red circle and a blue square.")                                    # 2 of 3 objects
+    assert shortened["caption_recall"] < invented["caption_recall"]
+    assert shortened["caption_f1"] == 0.8 and invented["caption_f1"] == 6 / 7
+    one = measures("A red circle.")
+    assert one["caption_f1"] == 0.5  # shortening to what it gets right still loses
+    wrong_colour = measures("A purple circle, a blue square and a green triangle.")
+    assert wrong_colour["caption_f1"] == 2 * 2 / 6

@@ -102,7 +102,7 @@ def score_text_items(items: list, results: list) -> tuple[dict[str, float], list
     """(score_text_answers' measures, per item in item order 1.0 if the answer is right - a caption: exactly,
     nothing extra - else 0.0, an unreadable answer too): `accuracy` is the mean of the per-item values."""
     by_type: dict[str, list[float]] = defaultdict(list)
-    right, hallucinated, recall, unparseable = [], [], [], 0
+    right, hallucinated, recall, f1, unparseable = [], [], [], [], 0
     for (_, scene, _, q), res in zip(items, results, strict=True):
         check = check_answer(q, res.text or "", scene)
         if check.unparseable or not res.ok:
@@ -113,17 +113,28 @@ def score_text_items(items: list, results: list) -> tuple[dict[str, float], list
             if q["type"] == "caption":
                 hallucinated.append(float(bool(check.detail.get("hallucinated"))))
                 recall.append(check.aspects["object_presence"])
+                f1.append(_caption_f1(check.detail, len(scene.objects)))
         by_type[q["type"]].append(right[-1])
     out = {f"accuracy/{t}": float(np.mean(v)) for t, v in sorted(by_type.items())}
     out["accuracy"] = float(np.mean(right))
     out["caption_hallucination_rate"] = float(np.mean(hallucinated)) if hallucinated else float("nan")
     out["caption_recall"] = float(np.mean(recall)) if recall else float("nan")
+    out["caption_f1"] = float(np.mean(f1)) if f1 else float("nan")
     out["unparseable_rate"] = unparseable / len(items)
     out["format_valid"] = 1.0 - out["unparseable_rate"]
     texts = [(r.text or "") if r.ok else "" for r in results]
     out["repetition_rate"] = float(np.mean([repetitive(t) for t in texts]))
     out["mean_words"] = float(np.mean([len(t.split()) for t in texts]))
     return out, right
+
+
+def _caption_f1(detail: dict, n_objects: int) -> float:
+    """F1 of a caption's mentioned (colour, shape) items against the scene's objects, exact matches counted right:
+    recall alone falls when captions shorten to what the policy gets right; this falls only if the captions lose
+    more than they stop inventing (a one-object caption of a three-object scene: 0.5)."""
+    exact = n_objects - len(detail["missed"])
+    total = len(detail["mentioned"]) + n_objects
+    return 2 * exact / total if total else 1.0
 
 
 def generator_items(world: ShapesWorldConfig, n: int, seed: int, kinds: tuple[str, ...],
