@@ -5,8 +5,9 @@ The loop makes one update decision per pool, so one promotion against one refusa
 This trains the update again from the pool's start model on a finished iteration's pooled pairs
 (<workdir>/data/iterations/<n>/pref-pool/dpo: LLaVA DPO; .../image_pref: SDXL Diffusion-DPO), through
 `flywheel.train.train` as the iteration does, with `train.seed` set per run, and scores each result on the
-gate's items (the loop's run.seed, so the same 120). `--oracle` keeps every pair the oracle world decides and
-orders it as the oracle does (ties dropped): what the same samples give with perfect labels.
+gate's items (the loop's run.seed and gate.eval_items: 120 items before 2026-11-27, so the numbers below; 480
+since). `--oracle` keeps every pair the oracle world decides and orders it as the oracle does (ties dropped): what
+the same samples give with perfect labels.
 
     .venv/bin/python bench/pool_replay.py --pool runs/t7/data/iterations/003/pref-pool/dpo --seeds 1,2,3
         [--pool another pool of the same kind ...] [--min-margin 2] [--oracle] [--base world:policy]
