@@ -75,21 +75,23 @@ def test_per_item_values_are_what_the_gated_metrics_average_in_item_order():
 
 
 def test_caption_f1_rewards_dropping_inventions_and_punishes_dropping_objects():
-    """Recall alone falls when a caption drops a made-up object along with a real one; F1 weighs both."""
+    """The trade the policy's guard watches: a caption that stops inventing objects but names one fewer real one
+    loses recall yet gains F1; one that keeps a single right object loses both."""
     scene = Scene((Obj("circle", "red", 0.2, 0.2, 0.5), Obj("square", "blue", 0.2, 0.5, 0.5),
                    Obj("triangle", "green", 0.2, 0.8, 0.5)))
     caption = {"type": "caption"}
 
-    def measures(*texts):
-        return score_text_items([(None, scene, None, caption)] * len(texts), [TextResult(text=t) for t in texts])[0]
+    def measures(text):
+        return score_text_items([(None, scene, None, caption)], [TextResult(text=text)])[0]
 
     full = measures("A red circle, a blue square and a green triangle.")
     assert full["caption_f1"] == full["caption_recall"] == 1.0
-    invented = measures("A red circle, a blue square, a green triangle and a purple square.")  # 3 of 4 right
-    shortened = measures("A red circle and a blue square.")                                    # 2 of 3 objects
-    assert shortened["caption_recall"] < invented["caption_recall"]
-    assert shortened["caption_f1"] == 0.8 and invented["caption_f1"] == 6 / 7
+    inventive = measures("A red circle, a blue square, a green triangle, a purple square and a purple circle.")
+    terse = measures("A red circle and a blue square.")
+    assert (inventive["caption_recall"], inventive["caption_f1"]) == (1.0, 6 / 8)  # 3 right of 5 named
+    assert terse["caption_recall"] < inventive["caption_recall"]                   # recall calls it worse
+    assert terse["caption_f1"] == 4 / 5 > inventive["caption_f1"]                   # F1 calls it better
     one = measures("A red circle.")
-    assert one["caption_f1"] == 0.5  # shortening to what it gets right still loses
+    assert one["caption_f1"] == 2 / 4 < inventive["caption_f1"]  # shortening to what it gets right still loses
     wrong_colour = measures("A purple circle, a blue square and a green triangle.")
-    assert wrong_colour["caption_f1"] == 2 * 2 / 6
+    assert wrong_colour["caption_f1"] == 2 * 2 / 6  # a right shape in the wrong colour is not a match
