@@ -46,7 +46,8 @@ Measured 2026-11-26 (docs/results.md, runs/t6 vs runs/t7), seeds 1 / 2 / 3, held
   judge's ranking is as good as the oracle's here, and no training knob moves it.
 - `--sampled` (2026-11-27, docs/results.md "The LLaVA's samples hold more than its update learns"), from runs/fr2's
   base LLaVA (gate 0.592), seeds 0 / 1 / 2: 16:1:480 (315 pairs) refused by the guard / 0.658 / 0.675; 4:1:900
-  (333 pairs) 0.658 / 0.658 / refused by the guard. Count stays at 0.600 in every run.
+  (333 pairs) 0.658 / 0.658 / refused by the guard. Count stays at 0.600 in every run. The same models on the
+  480 items the gate scores now, from 0.562: 0.662-0.683 (+10 to +12), docs/results.md.
 About 70 s per LLaVA run and 60-110 s per SDXL run on the 2-core box (1,000 perfect pairs: ~3 minutes).
 """
 from __future__ import annotations

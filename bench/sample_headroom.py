@@ -1,7 +1,6 @@
 """How many right answers the LLaVA's own samples hold at each sampling temperature: the ceiling of what preference
-pairs drawn from them can teach. docs/results.md found that the samples, not the judge's labels, cap the LLaVA's
-pooled update (the oracle's ordering of runs/fr2's pool gave +6.7 to +7.5); the preference stage samples at the
-policy's temperature (preferences.policy_temperature, unset: policy.generation.temperature, 1.0 locally).
+pairs drawn from them can teach. The preference stage samples at the policy's temperature
+(preferences.policy_temperature, unset: policy.generation.temperature, 1.0 locally).
 
 For held-out items of every question type (a stream neither the gate nor training uses), draws K samples per item
 at each temperature and checks each with the oracle. Prints, per question type: the greedy answer's accuracy, the
@@ -15,7 +14,8 @@ The policy is resolved in run.workdir's model cache (a world: base is built ther
 
 Measured 2026-11-27 on runs/fr2's base (table in docs/results.md, "The LLaVA's samples hold more than its update
 learns"): greedy 0.604; pass@4 0.721 / 0.750 / 0.742 / 0.642 at T 0.7 / 1.0 / 1.3 / 1.6; pass@16 0.842 at T 1.0
-(captions 0.400, count 1.000), where the update trained on such pairs still ends at 0.66-0.68 on the gate's items.
+(captions 0.400, count 1.000). Perfect pairs from such samples (bench/pool_replay.py --sampled) gain +10 to +12 on
+the gate's 480 items and never move count: the samples hold more than the update learns.
 """
 from __future__ import annotations
 
