@@ -8,6 +8,11 @@ byte-level BPE) learns, from text alone, the policy's answer format after a desc
     A red circle and a blue square and a green star. The square is -> " blue"        (colour, a keyed look-up)
     A red circle and a blue square. Is there a green square? -> " No"                (existence)
 
+or a judge's caption check (`check_example`):
+
+    Reference: A red circle and a blue square. Response: A green circle and a blue square. It mentions a green
+    circle: the green shape is -> " missing"                                             (colourkey)
+
 and prints held-out accuracy of the answer's first token as it trains. Guessing any colour of a 2-4 object scene
 scores ~0.5 on colour; a model that looks the shape up scores 1.0.
 
@@ -31,6 +36,20 @@ copies the token after it, does not turn into this look-up, which copies the tok
 The asked shape right before the answer ("... What colour is the square? The square: blue.", `--kinds direct`,
 so the question's side needs no hop): 0.51 / 0.53 / 0.64 / 0.63 / 0.60 / 0.66 / 0.63 / 0.70 at steps 1,000 to
 8,000 (201 s), near colour's own pace.
+The order of key and value (2026-11-27). A judge checking a caption must look each mention up in the reference.
+`--kinds colourkey` looks it up by its colour and copies the shape after it, the captions' own order;
+`--kinds shapekey` by its shape, copying the colour before it. Both have the response's own, often different,
+value as a distractor (copying the mention scores ~0.61). With `repeat` rows mixed in (6,000 steps, 237 s):
+- colourkey 0.695 / 0.800 / 0.845 / 0.850 / 0.865 / 0.860 at steps 1,000 to 6,000; 0.86 at 10,000 (a first
+  version of these rows);
+- shapekey 0.670 / 0.655 / 0.700 / 0.770 / 0.720 / 0.820; 0.73-0.77 over 6,000-10,000 (the first version);
+- colourkey without the repeat rows 0.665 / 0.720 / 0.755 at steps 1,000 to 3,000;
+- a shape-first listing asked by shape ("Shapes: circle red, square blue. The square" -> " blue", `--kinds
+  induct`), the pure induction pattern: 0.44-0.57 through 6,000 steps alone; with repeat rows 0.445 / 0.585 /
+  0.845 / 0.960 at steps 1,000 to 4,000.
+So a look-up in the text's own order, practised beside copying, is learnt sooner and further. But with the
+response's distractor it still takes ~3,000 look-up-only steps to reach 0.85, and then stalls: the judge's SFT
+gives captions a few hundred steps an iteration (docs/tuning.md, judge).
 The base LLaVA's SFT gives colour questions ~300 of its 1,500 steps (faults.caption_share 0.4): over an order of
 magnitude fewer than the text-only model needs to look a colour up, and then only 0.7 of the time. With vision,
 more question steps did not do it either: world:policy built with policy.steps 8,000 and faults.caption_share
@@ -50,6 +69,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 from flywheel.models.tokenizers import COLOURS, SHAPES, train_bpe
 
 PALETTE = COLOURS[:6]  # the world's default palette size
+WORLD_SHAPES = ["circle", "square", "triangle"]  # flywheel/worlds/shapes/vocab.py
 
 
 def scene(rng: random.Random) -> list[tuple[str, str]]:
@@ -57,10 +77,16 @@ def scene(rng: random.Random) -> list[tuple[str, str]]:
     return [(rng.choice(PALETTE), s) for s in shapes]
 
 
+def sentence(objects: list[tuple[str, str]]) -> str:
+    return "A " + " and a ".join(f"{c} {s}" for c, s in objects) + "."
+
+
 def example(rng: random.Random, kind: str) -> tuple[str, str]:
     """(context, answer) in the base policy's answer format (flywheel/worlds/shapes/policy_data.py)."""
+    if kind in ("colourkey", "shapekey"):
+        return check_example(rng, kind)
     objects = scene(rng)
-    desc = "A " + " and a ".join(f"{c} {s}" for c, s in objects) + "."
+    desc = sentence(objects)
     if kind == "colour":
         c, s = rng.choice(objects)
         return f"{desc} The {s} is", f" {c}."
@@ -69,16 +95,40 @@ def example(rng: random.Random, kind: str) -> tuple[str, str]:
     if kind == "direct":  # the asked shape right before the answer: no hop on the question's side
         c, s = rng.choice(objects)
         return f"{desc} What colour is the {s}? The {s}:", f" {c}."
+    if kind == "induct":  # the key right before the answer, the value after the key: an induction head's copy
+        c, s = rng.choice(objects)
+        return "Shapes: " + ", ".join(f"{s2} {c2}" for c2, s2 in objects) + f". The {s}", f" {c}."
     if kind == "repeat":  # copy the description: a previous-token head and an induction head, the look-up's parts
         return desc, " " + desc
     if kind != "existence":
-        raise ValueError(f"kind {kind!r} not in colour, direct, existence, multi, repeat")
+        raise ValueError(f"kind {kind!r} not in colour, colourkey, direct, existence, induct, multi, repeat, shapekey")
     if rng.random() < 0.5:
         c, s = rng.choice(objects)
         return f"{desc} Is there a {c} {s}?", " Yes."
     absent = [(c, s) for c in PALETTE for s in SHAPES if (c, s) not in objects]
     c, s = rng.choice(absent)
     return f"{desc} Is there a {c} {s}?", " No."
+
+
+def check_example(rng: random.Random, kind: str) -> tuple[str, str]:
+    """A judge's caption check in text: a reference, a response with one object's colour or shape wrong, and one
+    of the response's mentions looked up in the reference, either by its colour (colourkey: the token after the
+    key, in the captions' own order) or by its shape (shapekey: the token before it). The key is unique in the
+    reference (the world's 3 shapes), and the answer is "missing" when the reference lacks it."""
+    n = rng.randint(2, 3)
+    unique, other = (PALETTE, WORLD_SHAPES) if kind == "colourkey" else (WORLD_SHAPES, PALETTE)
+    keys, values = rng.sample(unique, n), rng.choices(other, k=n)
+    truth = list(zip(keys, values)) if kind == "colourkey" else list(zip(values, keys))
+    response = list(truth)
+    i = rng.randrange(n)
+    c, s = truth[i]
+    response[i] = ((rng.choice([x for x in PALETTE if x != c]), s) if rng.random() < 0.5
+                   else (c, rng.choice([x for x in WORLD_SHAPES if x != s])))
+    c, s = rng.choice(response)
+    context = f"Reference: {sentence(truth)} Response: {sentence(response)} It mentions a {c} {s}: "
+    if kind == "colourkey":
+        return context + f"the {c} shape is", f" {dict(truth).get(c, 'missing')}."
+    return context + f"the {s} is", f" {({s2: c2 for c2, s2 in truth}).get(s, 'missing')}."
 
 
 def batch(tok, rows: list[tuple[str, str]]) -> dict[str, torch.Tensor]:
@@ -112,7 +162,8 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--warmup", type=int, default=0, help="Linear warm-up steps (then constant).")
     ap.add_argument("--kinds", default="colour,existence",
-                    help="Training rows: colour, direct, existence, multi, repeat.")
+                    help="Training rows: colour, colourkey, direct, existence, induct, multi, repeat, shapekey; "
+                    "each but multi and repeat is also scored on 200 held-out rows.")
     ap.add_argument("--evals", type=int, default=8, help="Held-out evaluations over the run.")
     args = ap.parse_args()
     torch.manual_seed(0)
@@ -126,7 +177,8 @@ def main() -> None:
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / args.warmup) if args.warmup else 1.0)
     held_out = random.Random(1)
-    tests = {k: [example(held_out, k) for _ in range(200)] for k in ("colour", "existence", "direct")}
+    asked = [k for k in args.kinds.split(",") if k not in ("multi", "repeat")]  # one-token answers only
+    tests = {k: [example(held_out, k) for _ in range(200)] for k in asked}
     rng, kinds, start = random.Random(0), args.kinds.split(","), time.time()
     for step in range(1, args.steps + 1):
         loss = model(**batch(tok, [example(rng, rng.choice(kinds)) for _ in range(args.batch_size)])).loss

@@ -60,3 +60,23 @@ def test_a_direct_row_asks_the_shape_it_answers_and_a_repeat_row_copies_its_desc
         assert context.endswith(f"The {shape}:") and (answer.strip(" ."), shape) in _objects(desc)
         context, answer = bench.example(rng, "repeat")
         assert answer == " " + context
+
+
+@pytest.mark.parametrize("kind", ["colourkey", "shapekey"])
+def test_a_check_row_answers_from_the_reference_not_the_response(kind):
+    """The answer is the looked-up key's value in the reference ("missing" when it has none), and often differs
+    from the mention's own: copying the mention cannot score."""
+    rng, copied, missing = random.Random(7), 0, 0
+    for _ in range(300):
+        context, answer = bench.example(rng, kind)
+        reference = _objects(context.split("Reference: ")[1].split(" Response: ")[0])
+        response = _objects(context.split("Response: ")[1].split(" It mentions")[0])
+        c, s = re.search(r"It mentions a (\w+) (\w+): ", context).groups()
+        assert (c, s) in response and len(response - reference) <= 1  # one object changed (maybe to another)
+        found = {o[0] if kind == "colourkey" else o[1]: o for o in reference}.get(c if kind == "colourkey" else s)
+        value = "missing" if found is None else found[1] if kind == "colourkey" else found[0]
+        assert answer == f" {value}."
+        assert len({o[0] if kind == "colourkey" else o[1] for o in reference}) == len(reference)  # keys unique
+        copied += value == (s if kind == "colourkey" else c)
+        missing += value == "missing"
+    assert 0.5 < copied / 300 < 0.75 and missing > 10
