@@ -39,11 +39,12 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=1258)
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--lr", type=float, default=5e-4)
-    ap.add_argument("--base", choices=["zoo", "world"], default="zoo",
-                    help="zoo: the random judge; world: the perceiving base (built and cached in the workdir).")
+    ap.add_argument("--base", default="zoo", help="zoo: the random judge; world: the perceiving base (built and "
+                    "cached in the workdir); or a checkpoint's folder (e.g. bench/judge_caption_check.py --save).")
     ap.add_argument("--seed", type=int, default=None, help="Training seed (data order); default run.seed. Two "
                     "seeds of the same setting show how much one training varies.")
-    ap.add_argument("--set", nargs="*", default=[], help="Config overrides, e.g. of world.base_policies.judge.")
+    ap.add_argument("--set", nargs="*", default=[], help="Config overrides, e.g. of world.base_policies.judge or "
+                    "judge.generation (the meta-evaluation reads them too).")
     ap.add_argument("--gold-prompts", type=int, default=None, help="Meta-evaluate on a gold set of this many prompts "
                     "per sub-task and split (built once from the run's iteration-0 prompts) instead of the run's.")
     ap.add_argument("--out", default="runs/bench-judge-learning")
@@ -58,7 +59,8 @@ def main() -> None:
 
     work, out = Path(args.workdir).resolve(), Path(args.out).resolve()
     # build_world builds every world model the config names: its own judge (from --base) and the policies
-    cfg = load_config(args.config, [f"run.workdir={work}", f"models.judge.path={args.base}:judge", *args.set])
+    judge = f"{args.base}:judge" if args.base in ("zoo", "world") else str(Path(args.base).resolve())
+    cfg = load_config(args.config, [f"run.workdir={work}", f"models.judge.path={judge}", *args.set])
     tasks = None if args.tasks == "all" else set(args.tasks.split(","))
     rows = [r for it in args.iterations.split(",")
             for r in read_training_data(str(work / "data" / "iterations" / it / "curated" / "sft"), "sft").rows
@@ -100,7 +102,7 @@ def evaluate(args, work: Path, out: Path) -> None:
     from flywheel.raycluster import init_ray
     from flywheel.stages import gold
 
-    ecfg = load_config(args.config, [f"run.workdir={work}", f"models.judge.path={out / 'model'}",
+    ecfg = load_config(args.config, [*args.set, f"run.workdir={work}", f"models.judge.path={out / 'model'}",
                                      f"storage.uri={out / 'data'}"])
     init_ray(ecfg)
     gold_uri = str(work / "data" / "gold")
