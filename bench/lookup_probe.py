@@ -48,8 +48,9 @@ value as a distractor (copying the mention scores ~0.61). With `repeat` rows mix
   induct`), the pure induction pattern: 0.44-0.57 through 6,000 steps alone; with repeat rows 0.445 / 0.585 /
   0.845 / 0.960 at steps 1,000 to 4,000.
 So a look-up in the text's own order, practised beside copying, is learnt sooner and further. But with the
-response's distractor it still takes ~3,000 look-up-only steps to reach 0.85, and then stalls: the judge's SFT
-gives captions a few hundred steps an iteration (docs/tuning.md, judge).
+response's distractor it still takes ~3,000 look-up-only steps to reach 0.85, and then stalls. The judge base,
+which sees and was taught to quote answers, learns the same look-ups in its own request in 1,000 steps (0.99 and
+0.97, bench/judge_caption_check.py), but did not use them inside its analyses (docs/tuning.md, judge).
 The base LLaVA's SFT gives colour questions ~300 of its 1,500 steps (faults.caption_share 0.4): over an order of
 magnitude fewer than the text-only model needs to look a colour up, and then only 0.7 of the time. With vision,
 more question steps did not do it either: world:policy built with policy.steps 8,000 and faults.caption_share
@@ -67,9 +68,9 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from flywheel.models.tokenizers import COLOURS, SHAPES, train_bpe
+from flywheel.worlds.shapes.vocab import SHAPES as WORLD_SHAPES  # the world's 3 shapes, not the tokenizer's 6
 
 PALETTE = COLOURS[:6]  # the world's default palette size
-WORLD_SHAPES = ["circle", "square", "triangle"]  # flywheel/worlds/shapes/vocab.py
 
 
 def scene(rng: random.Random) -> list[tuple[str, str]]:
