@@ -15,7 +15,8 @@ greedy answer's accuracy (the whole answer) on held-out rows as it trains.
     .venv/bin/python bench/judge_caption_check.py --base runs/fr3/models/judge-base-<hash> [--key colour]
         [--words teacher] [--steps 3000] [--evals 3] [--batch-size 16] [--lr 5e-4] [--save DIR]
 
-Measured 2026-11-27 on runs/fr3's judge base (batch 16, lr 5e-4, the vision side frozen, 200 held-out rows):
+Measured 2026-11-27 on runs/fr3's judge base (batch 16, lr 5e-4, the vision side frozen, 200 held-out rows;
+the error then drawn by a local copy of perturb.wrong_colour / wrong_shape: the same rows' kinds, other draws):
 - --key colour --words answer: 0.000 at step 0 (it has never seen the format), 0.990 at step 1,000 (229 s);
   copying the mention's own shape scores 0.380;
 - --key shape, the look-up the teacher's "It calls the purple circle green." needs (the colour the response
@@ -38,24 +39,17 @@ from pathlib import Path
 import numpy as np
 
 from flywheel.worlds.shapes.config import ShapesWorldConfig
-from flywheel.worlds.shapes.scene import Obj, Scene, describe, sample_scene
-from flywheel.worlds.shapes.vocab import PALETTES
+from flywheel.worlds.shapes.perturb import wrong_colour, wrong_shape
+from flywheel.worlds.shapes.scene import Scene, describe, sample_scene
 
 HEADER = "Checking. Look the mention up in the reference."
 
 
 def _changed(scene: Scene, rng: np.random.Generator, world: ShapesWorldConfig) -> Scene:
     """The scene with one object's colour or shape changed: what a caption with one error describes."""
-    objs = list(scene.objects)
-    i = int(rng.integers(len(objs)))
-    o = objs[i]
-    if rng.random() < 0.5:
-        colour = rng.choice([c for c in PALETTES[world.palette] if c != o.colour])
-        objs[i] = Obj(o.shape, str(colour), o.size, o.x, o.y)
-    else:
-        shape = rng.choice([s for s in world.shapes if s != o.shape])
-        objs[i] = Obj(str(shape), o.colour, o.size, o.x, o.y)
-    return Scene(tuple(objs), scene.margin)
+    i = int(rng.integers(len(scene.objects)))
+    return (wrong_colour(scene, i, rng, world.palette) if rng.random() < 0.5
+            else wrong_shape(scene, i, rng, world.shapes))
 
 
 def check_row(rng: np.random.Generator, world: ShapesWorldConfig, key: str,
@@ -129,10 +123,9 @@ def main() -> None:
                     "bench/judge_learning.py --base).")
     args = ap.parse_args()
 
+    from flywheel.config import load_config
     from flywheel.models.pretrain_config import PolicyPretrainConfig
     from flywheel.models.pretrain_vlm import pretrain_vlm
-
-    from flywheel.config import load_config
 
     world = load_config(args.config).world.shapes
     held = np.random.default_rng(10**6)
