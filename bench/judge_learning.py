@@ -6,13 +6,20 @@ images at all?).
 
     .venv/bin/python bench/judge_learning.py --workdir runs/local [--iterations 000] [--tasks all|ig,iu]
         [--steps 1258] [--batch-size 16] [--lr 5e-4] [--base zoo|world]
-        [--set world.base_policies.judge.pretrain.steps=1500 ...] [--gold-prompts 16]
+        [--set world.base_policies.judge.pretrain.steps=1500 ...] [--gold-prompts 16] [--caption-checks 2000]
 
 --gold-prompts N meta-evaluates on a larger gold set than the run's (N prompts per sub-task and split from the run's
 iteration-0 prompts, built once under runs/bench-gold-<N>): the run's ~23 pairs per sub-task move by +-0.2.
 
 Measured 2026-11-22 on the 3-iteration proof's data (issue 7's note): iteration 0's rows, 1,258 steps x 16 ->
 id-test ranking 0.163 from the zoo judge, 0.213 after 1,500 pretraining steps; image generation stays at 0.
+
+Measured 2026-11-27 with --caption-checks 2000 (runs/hx2's rows, whose caption analyses look every mention up by
+its colour; --base runs/jcc-base, bench/judge_caption_check.py's checkpoint; judge.generation.max_new_tokens=256):
+the SFT'd judge still answers the check bench's held-out rows 0.725 (0.71 before SFT; 0.000 after SFT without
+them), but its captions rank 0.479 (0.543 without the rows, runs/fr3's own wording 0.670) and the look-ups in its
+analyses agree with its own lead 712 times in 1,923 (852 in 1,581 without): keeping the look-up in the mix did
+not carry it into the analyses.
 """
 from __future__ import annotations
 
@@ -47,6 +54,9 @@ def main() -> None:
                     "judge.generation (the meta-evaluation reads them too).")
     ap.add_argument("--gold-prompts", type=int, default=None, help="Meta-evaluate on a gold set of this many prompts "
                     "per sub-task and split (built once from the run's iteration-0 prompts) instead of the run's.")
+    ap.add_argument("--caption-checks", type=int, default=0, help="Add this many rows of bench/judge_caption_check.py "
+                    "(--key colour, the teacher's words) to the SFT rows: does the look-up, kept in the mix, carry "
+                    "into the analyses that use it?")
     ap.add_argument("--out", default="runs/bench-judge-learning")
     ap.add_argument("--stage", choices=["all", "train", "eval"], default="all",
                     help="train: stop after saving <out>/model (no Ray); eval: meta-evaluate an existing <out>/model.")
@@ -66,16 +76,41 @@ def main() -> None:
             for r in read_training_data(str(work / "data" / "iterations" / it / "curated" / "sft"), "sft").rows
             if tasks is None or r["task"] in tasks]
     print(f"{len(rows)} SFT rows from iterations {args.iterations}, tasks {args.tasks}", flush=True)
+    extra = caption_check_rows(cfg, args.caption_checks) if args.caption_checks else []
     if args.stage != "eval":
         t0 = time.perf_counter()
         build_world(cfg)  # cached
         print(f"base {cfg.models.judge.path} ready in {time.perf_counter() - t0:.0f} s", flush=True)
-        train_judge(cfg, rows, args, out)
+        train_judge(cfg, rows, args, out, extra)
     if args.stage != "train":
         evaluate(args, work, out)
 
 
-def train_judge(cfg, rows: list[dict], args, out: Path) -> None:
+def caption_check_rows(cfg, n: int) -> list[dict]:
+    """n TRL rows of bench/judge_caption_check.py, as training rows (its held-out rows use another seed)."""
+    import io
+
+    import numpy as np
+    from judge_caption_check import check_row
+
+    from flywheel.train.data import SAMPLE_ID, _parts
+
+    rng, out = np.random.default_rng(cfg.run.seed), []
+    for i in range(n):
+        row, _ = check_row(rng, cfg.world.shapes, "colour", "teacher")
+        pngs = []
+        for image in row["images"]:
+            buf = io.BytesIO()
+            image.save(buf, format="PNG")
+            pngs.append({"bytes": buf.getvalue(), "path": None})
+        out.append({SAMPLE_ID: f"caption-check-{i}", "images": pngs,
+                    **{k: [{"role": m["role"], "content": _parts(m["content"])} for m in row[k]]
+                       for k in ("prompt", "completion")}})
+    print(f"{n} caption-check rows added", flush=True)
+    return out
+
+
+def train_judge(cfg, rows: list[dict], args, out: Path, extra: list[dict] = ()) -> None:
     from flywheel.models.zoo import resolve_model_path
     from flywheel.train import hf
     from flywheel.train.data import sft_rows, to_hf_dataset
@@ -86,7 +121,7 @@ def train_judge(cfg, rows: list[dict], args, out: Path) -> None:
     settings = cfg.train.resolved("judge_sft").model_copy(update={
         "max_steps": args.steps, "batch_size": args.batch_size, "lr": args.lr, "save_steps": 10**9,
         "logging_steps": max(args.steps // 10, 1)})
-    trainer = build_trainer(model, processor, to_hf_dataset(sft_rows(rows)).shuffle(seed=0), settings,
+    trainer = build_trainer(model, processor, to_hf_dataset(sft_rows(rows) + list(extra)).shuffle(seed=0), settings,
                             str(out / "trl"), cfg.run.seed if args.seed is None else args.seed, bare=True)
     t0 = time.perf_counter()
     trainer.train()
