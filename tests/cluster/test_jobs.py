@@ -114,8 +114,10 @@ def test_eval_job_judges_a_labeled_set_with_the_judge_the_iteration_registered(l
 
 
 @pytest.mark.slow
+@pytest.mark.fullrun  # it builds the base models first (~60 min): only `make test-all` runs it
 def test_full_iteration_job_at_local_defaults(local_ray_cluster, tmp_path):
-    """configs/local.yaml as `make run` uses it (10-20 min here): every stage, each a FINISHED nested run."""
+    """configs/local.yaml as `make run` uses it (over an hour here, most of it building the base models): every
+    stage, each a FINISHED nested run."""
     db = tmp_path / "mlflow.db"
     log = tmp_path / "submit.log"
     # serve.port: the preference stage serves the judge on Serve's proxy; 8000 may be someone else's
