@@ -21,6 +21,7 @@ def _attempts(root: Path) -> list[dict]:
             for g, c in re.findall(r"ray start --head .*?--port (\d+) .*?--ray-client-server-port (\d+)", text)]
 
 
+@pytest.mark.slow  # ~34 s of `ray start` and `ray stop`; CI runs it (make test-slow)
 def test_a_timed_out_start_leaves_no_daemons_behind():
     root = Path(tempfile.mkdtemp(prefix="fwt", dir="/tmp"))  # short: Ray's socket paths live under it
     try:
