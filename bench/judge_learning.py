@@ -81,36 +81,29 @@ def main() -> None:
         t0 = time.perf_counter()
         build_world(cfg)  # cached
         print(f"base {cfg.models.judge.path} ready in {time.perf_counter() - t0:.0f} s", flush=True)
-        train_judge(cfg, rows, args, out, extra)
+        train_judge(cfg, rows + extra, args, out)
     if args.stage != "train":
         evaluate(args, work, out)
 
 
 def caption_check_rows(cfg, n: int) -> list[dict]:
-    """n TRL rows of bench/judge_caption_check.py, as training rows (its held-out rows use another seed)."""
-    import io
-
+    """n rows of bench/judge_caption_check.py in the curated SFT rows' format (its held-out rows use another
+    seed), so the judge SFT's own row conversion takes them with the run's rows."""
     import numpy as np
     from judge_caption_check import check_row
 
-    from flywheel.train.data import SAMPLE_ID, _parts
+    from flywheel.images import to_png_bytes
 
     rng, out = np.random.default_rng(cfg.run.seed), []
     for i in range(n):
         row, _ = check_row(rng, cfg.world.shapes, "colour", "teacher")
-        pngs = []
-        for image in row["images"]:
-            buf = io.BytesIO()
-            image.save(buf, format="PNG")
-            pngs.append({"bytes": buf.getvalue(), "path": None})
-        out.append({SAMPLE_ID: f"caption-check-{i}", "images": pngs,
-                    **{k: [{"role": m["role"], "content": _parts(m["content"])} for m in row[k]]
-                       for k in ("prompt", "completion")}})
+        out.append({"sft_id": f"caption-check-{i}", "images": [to_png_bytes(im) for im in row["images"]],
+                    "messages": json.dumps(row["prompt"] + row["completion"])})
     print(f"{n} caption-check rows added", flush=True)
     return out
 
 
-def train_judge(cfg, rows: list[dict], args, out: Path, extra: list[dict] = ()) -> None:
+def train_judge(cfg, rows: list[dict], args, out: Path) -> None:
     from flywheel.models.zoo import resolve_model_path
     from flywheel.train import hf
     from flywheel.train.data import sft_rows, to_hf_dataset
@@ -121,7 +114,7 @@ def train_judge(cfg, rows: list[dict], args, out: Path, extra: list[dict] = ()) 
     settings = cfg.train.resolved("judge_sft").model_copy(update={
         "max_steps": args.steps, "batch_size": args.batch_size, "lr": args.lr, "save_steps": 10**9,
         "logging_steps": max(args.steps // 10, 1)})
-    trainer = build_trainer(model, processor, to_hf_dataset(sft_rows(rows) + list(extra)).shuffle(seed=0), settings,
+    trainer = build_trainer(model, processor, to_hf_dataset(sft_rows(rows)).shuffle(seed=0), settings,
                             str(out / "trl"), cfg.run.seed if args.seed is None else args.seed, bare=True)
     t0 = time.perf_counter()
     trainer.train()

@@ -7,7 +7,7 @@ import numpy as np
 from PIL import Image
 
 from flywheel.config import REPO_ROOT, load_config
-from flywheel.train.data import SAMPLE_ID, to_hf_dataset
+from flywheel.train.data import SAMPLE_ID, sft_rows, to_hf_dataset
 
 spec = importlib.util.spec_from_file_location("judge_learning", REPO_ROOT / "bench" / "judge_learning.py")
 bench = importlib.util.module_from_spec(spec)
@@ -20,10 +20,10 @@ def test_caption_check_rows_are_the_check_benchs_rows_as_training_rows(monkeypat
     from judge_caption_check import check_row
 
     rows = bench.caption_check_rows(CFG, 6)
-    data = to_hf_dataset(rows)  # the judge SFT's own dataset builder takes them as they are
+    data = to_hf_dataset(sft_rows(rows))  # the judge SFT's own row conversion takes them as a run's rows
     rng = np.random.default_rng(CFG.run.seed)
     expected = [check_row(rng, CFG.world.shapes, "colour", "teacher")[0] for _ in range(6)]
-    assert len({r[SAMPLE_ID] for r in rows}) == 6
+    assert len({r[SAMPLE_ID] for r in data}) == 6
     for got, want in zip(data, expected, strict=True):
         assert got["completion"][0]["content"][0]["text"] == want["completion"][0]["content"][0]["text"]
         assert [p["text"] for p in got["prompt"][0]["content"]] == [p.get("text") for p in want["prompt"][0]["content"]]
