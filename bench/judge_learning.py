@@ -76,8 +76,8 @@ def main() -> None:
             for r in read_training_data(str(work / "data" / "iterations" / it / "curated" / "sft"), "sft").rows
             if tasks is None or r["task"] in tasks]
     print(f"{len(rows)} SFT rows from iterations {args.iterations}, tasks {args.tasks}", flush=True)
-    extra = caption_check_rows(cfg, args.caption_checks) if args.caption_checks else []
     if args.stage != "eval":
+        extra = caption_check_rows(cfg, args.caption_checks) if args.caption_checks else []
         t0 = time.perf_counter()
         build_world(cfg)  # cached
         print(f"base {cfg.models.judge.path} ready in {time.perf_counter() - t0:.0f} s", flush=True)
