@@ -209,6 +209,40 @@ def test_vision_task_labels_match_its_images(cfg):
                for a, b in zip(images, degraded[0]))
 
 
+def test_see_blur_gives_degraded_objects_classes_of_their_own_and_changes_nothing_else(cfg):
+    import numpy as np
+
+    from flywheel.worlds.shapes.base_policies import judge_dir
+    from flywheel.worlds.shapes.policy_data import vision_task
+
+    world = cfg.world.shapes
+    plain = vision_task(world, JudgeBaseConfig(degraded_share=0.5))
+    seeing = vision_task(world, JudgeBaseConfig(degraded_share=0.5, see_blur=True))
+    assert len(seeing.classes) == 2 * len(plain.classes) - 1 and seeing.classes[seeing.background] == "background"
+    (im_p, lab_p), (im_s, lab_s) = (t.make(np.random.default_rng(3), 40, 4) for t in (plain, seeing))
+    # the same images (the same draws); the same objects named, each degraded image's as "<colour> <shape> blurred"
+    assert all((np.asarray(a) == np.asarray(b)).all() for a, b in zip(im_p, im_s))
+    blurred_rows = 0
+    for row_p, row_s in zip(lab_p, lab_s):
+        names_p = [plain.classes[k] if k >= 0 else k for k in row_p]
+        names_s = [seeing.classes[k] if k >= 0 else k for k in row_s]
+        objects = [i for i, k in enumerate(row_p) if 0 <= k != plain.background]
+        suffixes = {str(names_s[i]).removeprefix(str(names_p[i])) for i in objects}
+        assert suffixes <= {"", " blurred"} and len(suffixes) <= 1  # one image is degraded or not, whole
+        assert [names_s[i] for i in range(16) if i not in objects] == [names_p[i] for i in range(16) if i not in
+                                                                       objects]
+        blurred_rows += suffixes == {" blurred"}
+    assert 10 <= blurred_rows <= 30  # about half of the 40 images were degraded
+    # off stays out of the base's key (bases built before the field stay valid); on names a new base
+    policies = cfg.world.base_policies
+
+    def key(**judge):
+        return judge_dir(Path("judge-x"), Path("models"), world,
+                         policies.model_copy(update={"judge": policies.judge.model_copy(update=judge)}), 0)
+
+    assert key(see_blur=False) == key() != key(see_blur=True)
+
+
 def test_base_vlms_pretrain_their_vision_first_and_leave_nothing_behind(cfg, zoo, small, tmp_path):
     from flywheel.models.pretrain_config import VisionPretrainConfig
 

@@ -107,10 +107,11 @@ def degrade(image: Image.Image, rng: np.random.Generator, cfg: JudgeBaseConfig) 
     return small.filter(ImageFilter.GaussianBlur(float(rng.uniform(0, cfg.max_blur))))
 
 
-def cell_labels(scene: Scene, grid: int, classes: tuple[str, ...]) -> np.ndarray:
+def cell_labels(scene: Scene, grid: int, classes: tuple[str, ...], suffix: str = "") -> np.ndarray:
     """A grid x grid raster of class indices: the cell holding an object's centre is that object's "<colour>
-    <shape>", a cell its box only overlaps is IGNORE (part of an object, not which), every other cell background
-    (the last class). Two centres in one cell: the later object's (rare at these sizes; the loss tolerates it)."""
+    <shape>" (+ `suffix`), a cell its box only overlaps is IGNORE (part of an object, not which), every other cell
+    background (the last class). Two centres in one cell: the later object's (rare at these sizes; the loss
+    tolerates it)."""
     from flywheel.models.pretrain_vision import IGNORE
 
     labels = np.full(grid * grid, len(classes) - 1, np.int64)
@@ -121,24 +122,31 @@ def cell_labels(scene: Scene, grid: int, classes: tuple[str, ...]) -> np.ndarray
             for c in range(cell(max(o.x - half, 0.0)), cell(min(o.x + half, 1.0)) + 1):
                 labels[r * grid + c] = IGNORE
     for o in scene.objects:
-        labels[cell(o.y) * grid + cell(o.x)] = classes.index(f"{o.colour} {o.shape}")
+        labels[cell(o.y) * grid + cell(o.x)] = classes.index(f"{o.colour} {o.shape}{suffix}")
     return labels
 
 
 def vision_task(world: ShapesWorldConfig, judge: JudgeBaseConfig | None = None):
     """The dense vision pretraining task (flywheel/models/pretrain_vision.py) of this world: every image token
     names the object whose centre is in its cell. With `judge`, a share of the images is degraded as in the
-    judge's perception examples, so its features read generated images too."""
+    judge's perception examples, so its features read generated images too; with `judge.see_blur` their objects'
+    cells are classes of their own ("<colour> <shape> blurred"), so the features keep what degraded them."""
     from flywheel.models.pretrain_vision import CellTask
 
-    classes = tuple(f"{c} {s}" for c in PALETTES[world.palette] for s in world.shapes) + ("background",)
+    objects = tuple(f"{c} {s}" for c in PALETTES[world.palette] for s in world.shapes)
+    see_blur = judge is not None and judge.see_blur
+    classes = objects + (tuple(f"{o} blurred" for o in objects) if see_blur else ()) + ("background",)
 
     def make(rng: np.random.Generator, n: int, grid: int) -> tuple[list[Image.Image], np.ndarray]:
         scenes = [sample_scene(rng, config=world) for _ in range(n)]
         images = [render(scene, world.image_size) for scene in scenes]
+        degraded = [False] * n
         if judge is not None:  # drawn after the scenes, so the share changes the images and nothing else
-            images = [degrade(im, rng, judge) if rng.random() < judge.degraded_share else im for im in images]
-        return images, np.stack([cell_labels(scene, grid, classes) for scene in scenes])
+            for i, im in enumerate(images):
+                if rng.random() < judge.degraded_share:
+                    images[i], degraded[i] = degrade(im, rng, judge), True
+        return images, np.stack([cell_labels(scene, grid, classes, " blurred" if see_blur and d else "")
+                                 for scene, d in zip(scenes, degraded)])
 
     return CellTask(classes, len(classes) - 1, make)
 
