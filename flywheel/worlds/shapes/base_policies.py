@@ -85,8 +85,9 @@ def generator_dir(zoo_generator: Path, root: Path, world: ShapesWorldConfig, cfg
 
 
 def judge_dir(zoo_judge: Path, root: Path, world: ShapesWorldConfig, cfg: BasePoliciesConfig, seed: int) -> Path:
-    # matching_share 0, look-up steps 0 and see_blur off stay out of the key, so that bases built before they existed stay
-    # valid; a set matching_share brings the version of its rows' words (2: the teacher's own, reading_example)
+    # matching_share 0, look-up steps 0 and see_blur off stay out of the key, so that bases built before they
+    # existed stay valid; a set matching_share brings the version of its rows' words (2: the teacher's own,
+    # reading_example)
     unset = {k for k, on in (("matching_share", cfg.judge.matching_share), ("lookup", cfg.judge.lookup.steps),
                              ("see_blur", cfg.judge.see_blur)) if not on}
     judge = cfg.judge.model_dump(mode="json", exclude=unset or None)
