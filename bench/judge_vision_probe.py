@@ -30,7 +30,6 @@ sharpened noise more than blur by these linear probes, yet judges trained from i
 from __future__ import annotations
 
 import argparse
-import glob
 from pathlib import Path
 
 import numpy as np
@@ -67,19 +66,15 @@ def probe(x: np.ndarray, y: np.ndarray, folds: int) -> float | None:
 
 
 def load_images(workdir: Path, iterations: list[str], limit: int, world):
-    """The run's generated images (ig and itig candidates) and the teacher's findings on each."""
-    import pyarrow.parquet as pq
-
+    """The run's generated images (ig and itig candidates, read as the stages wrote them: manifests checked) and
+    the teacher's findings on each; candidates are streamed, so reading stops at `limit`."""
+    from flywheel.datasets import iter_dataset_rows, read_rows
     from flywheel.worlds.shapes.assess import assess, image_of
 
-    def rows(kind: str) -> list[dict]:
-        return [r for it in iterations
-                for f in sorted(glob.glob(str(workdir / "data" / "iterations" / it / kind / "*.parquet")))
-                for r in pq.read_table(f).to_pylist()]
-
-    prompts = {p["prompt_id"]: p for p in rows("prompts")}
+    runs = [workdir / "data" / "iterations" / it for it in iterations]
+    prompts = {p["prompt_id"]: p for it in runs for p in read_rows(str(it / "prompts"), "prompt")}
     images, labels = [], {k: [] for k in FINDINGS}
-    for c in rows("candidates"):
+    for c in (c for it in runs for c in iter_dataset_rows(str(it / "candidates"), "candidate")):
         p = prompts.get(c["prompt_id"])
         if p is None or p["task"] not in ("ig", "itig") or not c.get("output_images"):
             continue

@@ -5,12 +5,11 @@ judge's vision lost (or kept) what the teacher rates when it did not."""
 import importlib.util
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 from PIL import ImageFilter
 
 from flywheel.aspects import AspectTree
 from flywheel.config import REPO_ROOT
+from flywheel.datasets import write_dataset
 from flywheel.records import with_ids
 from flywheel.worlds.shapes.assess import assess, image_of
 from flywheel.worlds.shapes.config import ShapesWorldConfig
@@ -47,14 +46,14 @@ def test_images_are_the_runs_generated_ones_with_the_oracles_findings(tmp_path, 
     suites = SuitesConfig(prompts_per_subtask=3, split={"ood_subtasks": [], "ood_aspects": []})
     prompts = with_ids("prompt", generate(suites, WORLD, AspectTree.load(), seed=1))
     cands = with_ids("candidate", [c for p in prompts for c in gold_candidates(p, GoldConfig(), WORLD, seed=1)])
-    for kind, rows in (("prompts", prompts), ("candidates", cands)):
-        (tmp_path / "data" / "iterations" / "000" / kind).mkdir(parents=True)
-        pq.write_table(pa.Table.from_pylist(rows), tmp_path / "data" / "iterations" / "000" / kind / "data.parquet")
-    drawn = [c for c in cands if next(p for p in prompts if p["prompt_id"] == c["prompt_id"])["task"] in ("ig", "itig")]
+    for kind, rows in (("prompt", prompts), ("candidate", cands)):
+        write_dataset(str(tmp_path / "data" / "iterations" / "000" / f"{kind}s"), kind, rows, config_hash="t",
+                      producer="test")
+    by_id = {p["prompt_id"]: p for p in prompts}
+    drawn = [c for c in cands if by_id[c["prompt_id"]]["task"] in ("ig", "itig")]
 
     images, labels = bench.load_images(tmp_path, ["000"], 10_000, WORLD)
     assert len(images) == len(drawn) > 0 and set(labels) == set(bench.FINDINGS)  # no question or caption
-    by_id = {p["prompt_id"]: p for p in prompts}
     for i, c in enumerate(drawn):
         said = assess(by_id[c["prompt_id"]], c, WORLD).analysis()
         assert np.array_equal(np.asarray(images[i]), np.asarray(image_of(c)))
