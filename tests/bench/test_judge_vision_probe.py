@@ -5,6 +5,7 @@ judge's vision lost (or kept) what the teacher rates when it did not."""
 import importlib.util
 
 import numpy as np
+import pytest
 from PIL import ImageFilter
 
 from flywheel.aspects import AspectTree
@@ -63,3 +64,14 @@ def test_images_are_the_runs_generated_ones_with_the_oracles_findings(tmp_path, 
 
     feats = bench.features(str(zoo["judge"]), images[:4], batch=3)
     assert feats.shape[0] == 4 and feats.ndim == 2 and np.isfinite(feats).all()
+
+
+def test_a_run_without_drawings_is_refused_by_name(tmp_path):
+    suites = SuitesConfig(prompts_per_subtask=2, split={"ood_subtasks": [], "ood_aspects": []})
+    prompts = [p for p in with_ids("prompt", generate(suites, WORLD, AspectTree.load(), seed=1)) if p["task"] == "iu"]
+    cands = with_ids("candidate", [c for p in prompts for c in gold_candidates(p, GoldConfig(), WORLD, seed=1)])
+    for kind, rows in (("prompt", prompts), ("candidate", cands)):
+        write_dataset(str(tmp_path / "data" / "iterations" / "000" / f"{kind}s"), kind, rows, config_hash="t",
+                      producer="test")
+    with pytest.raises(SystemExit, match="no generated images under .*000.*candidates"):
+        bench.load_images(tmp_path, ["000"], 100, WORLD)
