@@ -5,7 +5,7 @@ pixel statistics, for each image finding of the oracle teacher: blurred, noisy, 
 A judge reads its images only through these features: a finding the pixels predict well and the features do not
 is lost, or hidden, in the vision side, and the judge SFT must dig it out. The images are a run's generated
 candidates (ig, itig); the labels are the oracle's own findings on them (flywheel/worlds/shapes/assess.py).
-The probes are scikit-learn's (installed with mlflow).
+The probes are scikit-learn's (in the project's `test` extra, which `make setup` installs).
 
     .venv/bin/python bench/judge_vision_probe.py --model runs/fr3/models/judge-base-<hash> --workdir runs/fr3
         [--iterations 000,001,002] [--images 1500] [--folds 5]
