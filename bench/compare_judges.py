@@ -1,0 +1,95 @@
+"""Two runs' judges on the same gold pairs, pair by pair: per iteration and pooled, each split's accuracy and the
+gate's paired test (McNemar, one-sided: is A better than B?). An A/B of a config change across whole loop runs,
+e.g. a judge base built another way, where the iteration's own gate only compares a judge to its champion.
+
+The outcomes are recomputed from each iteration's stored meta-eval (flywheel.evaluate.meta.stored_outcomes, as
+the gate does). The two runs must share their gold (the same seed and world.gold): otherwise their pairs differ
+and the comparison is refused by name. Pooled rows stack (iteration, pair) outcomes: they are not independent
+draws (the same gold each iteration), so read their p as a summary, not a test of its own.
+
+    .venv/bin/python bench/compare_judges.py --a runs/fb --b runs/fr3 --iterations 001,002,003,004
+        [--b-iterations ...] [--config configs/local.yaml] [--metric all/pointwise_ranking/accuracy]
+
+Measured 2026-11-27 (A: runs/fb, the judge base with world.base_policies.judge.see_blur; B: runs/fr3, without;
+iterations 1-4 of each): id-test pooled 0.800 vs 0.791, A better on 86 pairs, worse on 79 (p=0.32); ood-test
+0.795 vs 0.562, 56 / 15 (p=5.2e-07). Iteration 0 alone: id-test 0.683 vs 0.812, 21 / 47.
+"""
+from __future__ import annotations
+
+import argparse
+
+from flywheel import storage
+from flywheel.config import Config, load_config
+from flywheel.datasets import read_manifest
+from flywheel.evaluate import meta
+from flywheel.gate import mcnemar
+from flywheel.iteration import paths
+
+SPLITS = ("id-test", "ood-test")
+
+
+def gold_hash(cfg: Config, split: str) -> str:
+    """The content hash of a run's gold judgments on `split`: equal hashes, the same pairs."""
+    return read_manifest(storage.join(paths(cfg, 0)["gold"], split, "judgments")).content_hash
+
+
+def outcomes(cfg: Config, iteration: int, metric: str) -> dict[str, bool]:
+    p = paths(cfg, iteration)
+    try:
+        return meta.stored_outcomes(cfg, p["gold"], p["meta-eval"], metric)
+    except meta.OutcomesUnavailable as e:  # e.g. an iteration the run has not meta-evaluated
+        raise SystemExit(f"{cfg.run.workdir}, iteration {iteration}: {e}") from None
+
+
+def compare(a: dict, b: dict) -> dict:
+    """Accuracies of two judges' outcomes on their shared pairs, and McNemar's test of A over B."""
+    shared = a.keys() & b.keys()
+    better, worse, p = mcnemar(a, b)
+    return {"n": len(shared), "a": sum(a[k] for k in shared) / max(len(shared), 1),
+            "b": sum(b[k] for k in shared) / max(len(shared), 1), "better": better, "worse": worse, "p": p}
+
+
+def run(cfg_a: Config, cfg_b: Config, iters_a: list[int], iters_b: list[int], name: str,
+        splits: tuple[str, ...] = SPLITS) -> list[tuple[str, dict]]:
+    """Rows (label, compare()) per split: one per iteration pair, then the pooled one."""
+    if len(iters_a) != len(iters_b):
+        raise SystemExit(f"--iterations names {len(iters_a)} iterations of A, --b-iterations {len(iters_b)} of B")
+    rows = []
+    for split in splits:
+        if gold_hash(cfg_a, split) != gold_hash(cfg_b, split):
+            raise SystemExit(f"the runs' {split} gold differs ({cfg_a.run.workdir} vs {cfg_b.run.workdir}): their "
+                             "pairs are not the same; compare runs of one seed and world.gold")
+        metric = f"{split}/{name}"
+        pool_a, pool_b = {}, {}
+        for ia, ib in zip(iters_a, iters_b):
+            oa, ob = outcomes(cfg_a, ia, metric), outcomes(cfg_b, ib, metric)
+            rows.append((f"{split} {ia:03d} vs {ib:03d}", compare(oa, ob)))
+            pool_a |= {(ia, ib, k): v for k, v in oa.items()}
+            pool_b |= {(ia, ib, k): v for k, v in ob.items()}
+        rows.append((f"{split} pooled", compare(pool_a, pool_b)))
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--a", required=True, help="run A's workdir (run.workdir)")
+    ap.add_argument("--b", required=True, help="run B's workdir")
+    ap.add_argument("--iterations", required=True, help="A's iterations, comma-separated (e.g. 001,002)")
+    ap.add_argument("--b-iterations", help="B's iterations, paired in order with A's (default: the same)")
+    ap.add_argument("--config", default="configs/local.yaml", help="the runs' config (its split's ood sets)")
+    ap.add_argument("--metric", default="all/pointwise_ranking/accuracy", help="a per-pair accuracy, no split")
+    ap.add_argument("--splits", default=",".join(SPLITS), help="meta-eval splits, comma-separated")
+    args = ap.parse_args()
+    cfg_a = load_config(args.config, [f"run.workdir={args.a}"])
+    cfg_b = load_config(args.config, [f"run.workdir={args.b}"])
+    iters_a = [int(i) for i in args.iterations.split(",")]
+    iters_b = [int(i) for i in (args.b_iterations or args.iterations).split(",")]
+    print(f"A: {args.a}  B: {args.b}  {args.metric}; McNemar one-sided, A better than B")
+    print(f"{'':24} {'n':>4} {'A':>6} {'B':>6} {'A only':>7} {'B only':>7} {'p':>9}")
+    splits = tuple(args.splits.split(","))
+    for label, r in run(cfg_a, cfg_b, iters_a, iters_b, args.metric, splits):
+        print(f"{label:24} {r['n']:4d} {r['a']:6.3f} {r['b']:6.3f} {r['better']:7d} {r['worse']:7d} {r['p']:9.2g}")
+
+
+if __name__ == "__main__":
+    main()

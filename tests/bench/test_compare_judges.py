@@ -1,0 +1,48 @@
+"""bench/compare_judges.py: two runs' judges compared pair by pair on their shared gold, as the gate's McNemar test
+counts them, and refused when the runs' gold differs (their pairs would not be the same pairs)."""
+
+import importlib.util
+
+import pytest
+from scipy import stats
+from stored_meta_eval import write_gold, write_judged
+
+from flywheel.config import REPO_ROOT, load_config
+from flywheel.iteration import paths
+
+spec = importlib.util.spec_from_file_location("compare_judges", REPO_ROOT / "bench" / "compare_judges.py")
+bench = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(bench)
+
+
+def _run(root, name: str, right_by_iteration: list[list[bool]], gold_seed: int = 0):
+    """A run's workdir holding one gold set and each iteration's stored meta-eval (right[i]: gold pair i)."""
+    cfg = load_config(None, [f"run.workdir={root / name}"])
+    gold = paths(cfg, 0)["gold"]
+    ids = write_gold(gold, len(right_by_iteration[0]), seed=gold_seed)
+    for n, right in enumerate(right_by_iteration):
+        write_judged(paths(cfg, n)["meta-eval"], gold, dict(zip(ids, right)))
+    return cfg
+
+
+def test_two_runs_judges_are_compared_on_the_same_pairs_per_iteration_and_pooled(tmp_path):
+    a = _run(tmp_path, "a", [[True] * 8 + [False] * 4, [True] * 10 + [False] * 2])
+    b = _run(tmp_path, "b", [[True] * 5 + [False] * 3 + [True] + [False] * 3, [True] * 6 + [False] * 6])
+    rows = dict(bench.run(a, b, [0, 1], [0, 1], "all/pointwise_ranking/accuracy", splits=("id-test",)))
+    first, second, pooled = rows["id-test 000 vs 000"], rows["id-test 001 vs 001"], rows["id-test pooled"]
+    assert (first["n"], first["a"], first["b"], first["better"], first["worse"]) == (12, 8 / 12, 6 / 12, 3, 1)
+    assert (second["better"], second["worse"]) == (4, 0)
+    assert (pooled["n"], pooled["better"], pooled["worse"]) == (24, 7, 1)
+    assert pooled["p"] == pytest.approx(stats.binomtest(7, 8, 0.5, alternative="greater").pvalue)
+    # A against itself: no pair tells them apart
+    same = dict(bench.run(a, a, [0], [1], "all/pointwise_ranking/accuracy", splits=("id-test",)))
+    assert same["id-test 000 vs 001"]["worse"] == 2 and same["id-test 000 vs 001"]["better"] == 0
+
+
+def test_runs_with_other_gold_or_a_missing_iteration_are_refused_by_name(tmp_path):
+    a = _run(tmp_path, "a", [[True] * 6])
+    other = _run(tmp_path, "other", [[True] * 6], gold_seed=1)
+    with pytest.raises(SystemExit, match="id-test gold differs"):
+        bench.run(a, other, [0], [0], "all/pointwise_ranking/accuracy", splits=("id-test",))
+    with pytest.raises(SystemExit, match="iteration 3: cannot read the meta-eval"):
+        bench.run(a, a, [0], [3], "all/pointwise_ranking/accuracy", splits=("id-test",))
