@@ -78,6 +78,16 @@ def _replica_nodes(app_name: str) -> list[str]:
     return sorted(a.node_id for a in actors)
 
 
+def _owner_nodes(app_name: str) -> list[str]:
+    from ray.util.state import list_actors
+
+    from flywheel.serve.orphans import NAMESPACE, owner_name
+
+    actors = list_actors(filters=[("name", "=", owner_name(app_name)), ("ray_namespace", "=", NAMESPACE),
+                                  ("state", "=", "ALIVE")], raise_on_missing_output=False)
+    return sorted(a.node_id for a in actors)
+
+
 def _judge_once(url: str, prompt: dict, candidate: dict) -> dict:
     import base64
 
@@ -106,13 +116,12 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
 
     import ray
-    from ray import serve
 
     from flywheel.config import load_config
     from flywheel.datasets import read_rows
     from flywheel.models.zoo import build_zoo
     from flywheel.raycluster import init_ray
-    from flywheel.serve.app import deploy
+    from flywheel.preferences import served_judge
     from flywheel.stages import candidates, curate, prompts
     from flywheel.track import Tracker
     from flywheel.train.api import train
@@ -156,17 +165,14 @@ def main() -> None:
                            "mlflow_run": sft.mlflow_run_id}
 
         def served():
-            c = cfg.model_copy(deep=True)
-            c.serve.model = sft.model_uri
-            deployed = deploy(c)
-            try:
+            # as an iteration serves its judge for preference labels: with the app's owner held by this driver
+            with served_judge(cfg, sft.model_uri) as deployed:
                 p = read_rows(paths["prompts-train"], "prompt")[0]
                 cand = next(x for x in read_rows(paths["candidates"], "candidate") if x["prompt_id"] == p["prompt_id"])
                 answer = _judge_once(deployed.url, p, cand)
                 return {"url": deployed.url, "version": deployed.served.version,
-                        "replica_nodes": _replica_nodes(c.serve.app_name), "answer": answer}
-            finally:
-                serve.delete(deployed.app_name)
+                        "replica_nodes": _replica_nodes(deployed.app_name),
+                        "owner_nodes": _owner_nodes(deployed.app_name), "answer": answer}
 
         report["serve"] = timed("serve", served)
     report["nodes"] = {n["NodeID"]: {"alive": n["Alive"], "resources": n["Resources"]} for n in ray.nodes()}

@@ -4,7 +4,8 @@ node with its own /tmp, HOME and working directory (a private mount namespace), 
 
 The job (tests/cluster/multinode_job.py, through `ray job submit` and the Jobs SDK) runs the judge half of an
 iteration: models, prompts, candidates, labels (the teacher, Ray Data), curation, judge SFT (Ray Train, 2 workers),
-the SFT judge on Ray Serve answering a request. Placement is by config alone (resources.* overrides below):
+the SFT judge on Ray Serve answering a request (served as an iteration serves it, its app's owner
+actor held by the driver). Placement is by config alone (resources.* overrides below):
 
     head  1 CPU                     the job driver, Serve's and Train's controllers
     w1    2 CPU 2 GPU {labeling: 1, train: 2}       one labeling actor, both Train workers
@@ -201,6 +202,9 @@ def test_placement_follows_the_config(cluster, placement_run):
     assert set(n for e in r["train"]["journal"] for n in e.get("worker_nodes") or []) == {w1}
     assert len({e["rank"] for e in r["train"]["steps"]}) == 2  # two DDP ranks (gloo: the GPUs are logical)
     assert r["serve"]["replica_nodes"] == [w2]
+    # the app's owner (flywheel/serve/orphans.py) on the driver's node: lost with w2, it would leave the live
+    # driver's app to the next sweep
+    assert r["serve"]["owner_nodes"] == [head]
     answer = r["serve"]["answer"]
     assert answer["status"] == 200 and answer["model_version"] == r["train"]["model_uri"]
 
