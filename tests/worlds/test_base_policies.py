@@ -35,6 +35,30 @@ def test_base_policy_trains_caches_and_loads(cfg, zoo, small, tmp_path):
     assert engine.generate([TextRequest(msg, [Image.new("RGB", (56, 56), "white")])])[0].ok
 
 
+def test_a_cached_base_built_on_another_thread_count_is_reused_with_a_warning(tmp_path, caplog):
+    """A seeded build ends elsewhere on another thread count: the cache is reused (a rebuild costs up to ~25
+    minutes), but the log says so, naming both counts and how to rebuild."""
+    import json
+
+    import torch
+
+    from flywheel.models.zoo import torch_threads
+    from flywheel.worlds.shapes.base_policies import _build
+
+    out = tmp_path / "judge-base-x"
+    out.mkdir()
+    (out / ".complete").write_text(json.dumps({"torch_threads": 7, "sft_loss": 0.5}))
+    never = lambda tmp: pytest.fail("a cached base must not be trained again")  # noqa: E731
+    with torch_threads(1), caplog.at_level("WARNING"):
+        assert _build(out, never) == (out, {"torch_threads": 7, "sft_loss": 0.5})
+    assert "built with 7 torch threads, this build would run 1" in caplog.text and "delete the folder" in caplog.text
+    caplog.clear()
+    (out / ".complete").write_text(json.dumps({"torch_threads": torch.get_num_threads()}))
+    with caplog.at_level("WARNING"):
+        _build(out, never)
+    assert "torch threads" not in caplog.text  # the same count: nothing to say
+
+
 def test_base_generator_trains_and_loads(cfg, zoo, small, tmp_path):
     from diffusers import AutoencoderKL
 
