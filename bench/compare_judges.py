@@ -12,7 +12,9 @@ draws (the same gold each iteration), so read their p as a summary, not a test o
 
 Measured 2026-11-27 (A: runs/fb, the judge base with world.base_policies.judge.see_blur; B: runs/fr3, without;
 iterations 1-4 of each): id-test pooled 0.800 vs 0.791, A better on 86 pairs, worse on 79 (p=0.32); ood-test
-0.795 vs 0.562, 56 / 15 (p=5.2e-07). Iteration 0 alone: id-test 0.683 vs 0.812, 21 / 47.
+0.795 vs 0.562, 56 / 15 (p=5.2e-07). Iteration 0 alone: id-test 0.683 vs 0.812, 21 / 47. Seed 1 (runs/s1b vs
+runs/s1n, the same bases, iterations 000,001,002): id-test 0.756 vs 0.765, 65 / 71; ood-test 0.765 vs 0.689, 31 / 21
+(p=0.11).
 """
 from __future__ import annotations
 
