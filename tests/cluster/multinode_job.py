@@ -68,24 +68,23 @@ def _labels(cfg, paths: dict, tag: str, pace_s: float, tracker):
     return result
 
 
-def _replica_nodes(app_name: str) -> list[str]:
+def _alive_actor_nodes(*filters: tuple[str, str, str]) -> list[str]:
     from ray.util.state import list_actors
 
+    actors = list_actors(filters=[*filters, ("state", "=", "ALIVE")], raise_on_missing_output=False)
+    return sorted(a.node_id for a in actors)
+
+
+def _replica_nodes(app_name: str) -> list[str]:
     from flywheel.serve.app import DEPLOYMENT
 
-    actors = list_actors(filters=[("class_name", "=", f"ServeReplica:{app_name}:{DEPLOYMENT}"),
-                                  ("state", "=", "ALIVE")], raise_on_missing_output=False)
-    return sorted(a.node_id for a in actors)
+    return _alive_actor_nodes(("class_name", "=", f"ServeReplica:{app_name}:{DEPLOYMENT}"))
 
 
 def _owner_nodes(app_name: str) -> list[str]:
-    from ray.util.state import list_actors
-
     from flywheel.serve.orphans import NAMESPACE, owner_name
 
-    actors = list_actors(filters=[("name", "=", owner_name(app_name)), ("ray_namespace", "=", NAMESPACE),
-                                  ("state", "=", "ALIVE")], raise_on_missing_output=False)
-    return sorted(a.node_id for a in actors)
+    return _alive_actor_nodes(("name", "=", owner_name(app_name)), ("ray_namespace", "=", NAMESPACE))
 
 
 def _judge_once(url: str, prompt: dict, candidate: dict) -> dict:

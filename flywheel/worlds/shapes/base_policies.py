@@ -39,12 +39,11 @@ def _hash(*parts: object) -> str:
 def _build(out: Path, train) -> tuple[Path, dict]:
     if (out / ".complete").exists():
         metrics = json.loads((out / ".complete").read_text())
-        built_with = metrics.get("torch_threads")
-        if built_with is not None and built_with != torch.get_num_threads():
+        built_with, here = metrics.get("torch_threads"), torch.get_num_threads()
+        if built_with is not None and built_with != here:
             # reused all the same: a rebuild costs up to ~25 minutes and differs only in float summation order
             log.warning("base model %s was built with %s torch threads, this build would run %d: reused as is (a "
-                        "build here would end elsewhere; delete the folder to rebuild)", out, built_with,
-                        torch.get_num_threads())
+                        "build here would end elsewhere; delete the folder to rebuild)", out, built_with, here)
         return out, metrics
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
