@@ -180,7 +180,9 @@ class JudgeConfig(StrictModel):
     rating_readout: Literal["text", "expected"] = Field(
         "text", description="The score of a pointwise judgment: text = the rating the judge wrote; expected = "
         "the mean rating under the judge's probabilities at the rating it wrote (G-Eval's probability-weighted "
-        "score), which orders candidates a small judge would rate equal. Needs generation.top_logprobs >= 5; "
+        "score), which orders candidates a small judge would rate equal; and a pairwise verdict's probabilities "
+        "are recorded, which meta-eval, `flywheel eval` and Serve combine over both orders into one verdict "
+        "(`pairwise_balanced`: Wang et al.'s balanced position calibration). Needs generation.top_logprobs >= 5; "
         "an engine that returns no log-probabilities (the oracle) keeps the written rating.")
     generation: GenerationConfig = Field(GenerationConfig(), description="Decoding of judge outputs.")
     vllm: VLLMConfig = Field(VLLMConfig(), description="Used when engine is vllm.")
@@ -348,7 +350,8 @@ class GateConfig(StrictModel):
         "mcnemar", description="Paired test a judge must also pass: `mcnemar` promotes only if McNemar's exact "
         "one-sided test on the gold pairs both judges were scored on gives p < judge_alpha (one run's accuracy on "
         "~200 gold pairs varies by a few points: the margin alone promotes noise); `none`: the margin alone. Needs "
-        "a per-pair accuracy as judge_metric (.../pairwise/accuracy or .../pointwise_ranking/accuracy).")
+        "a per-pair accuracy as judge_metric (.../pairwise/accuracy, .../pointwise_ranking/accuracy or "
+        ".../pairwise_balanced/accuracy).")
     judge_alpha: float = Field(0.05, gt=0, lt=1, description="Significance level of judge_test.")
     judge_baseline: bool = Field(
         True, description="Iteration 0 (no champion judge yet): meta-evaluate the configured base judge too, and "
@@ -473,6 +476,9 @@ class Config(StrictModel):
         if needs and needs not in asked:
             raise ValueError(f"gate.judge_metric {metric!r} needs the {needs} protocol in meta_eval.protocols "
                              f"(it is {asked})")
+        if "/pairwise_balanced/" in metric and self.judge.rating_readout != "expected":
+            raise ValueError(f"gate.judge_metric {metric!r} balances the verdicts' probabilities, which are read "
+                             "only with judge.rating_readout: expected (it is 'text')")
         return self
 
     @model_validator(mode="after")

@@ -6,7 +6,8 @@ from __future__ import annotations
 from flywheel import stage_clock
 from flywheel.evaluate import metric_names
 
-META_COLUMNS = {"all/pairwise/accuracy": "pairwise acc.", "all/pointwise_ranking/accuracy": "ranking acc.",
+META_COLUMNS = {"all/pairwise/accuracy": "pairwise acc.", "all/pairwise_balanced/accuracy": "balanced pairwise",
+                "all/pointwise_ranking/accuracy": "ranking acc.",
                 "all/pointwise/pearson": "Pearson", "all/pointwise/kendall_tau_b": "Kendall τb",
                 "all/pairwise/position_bias_rate": "position bias", "all/pointwise/parse_failure_rate": "unparsed"}
 

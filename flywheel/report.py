@@ -16,8 +16,9 @@ from flywheel.config import Config
 from flywheel.stage_clock import busy_note
 
 # The judge metrics a row shows: (column, split, metric key of flywheel/evaluate/meta.py)
+# balanced: the pairwise protocol's one verdict from both orders' probabilities (a judge read as text has none)
 JUDGE_METRICS = (("ranking", "all/pointwise_ranking/accuracy"), ("pairwise", "all/pairwise/accuracy"),
-                 ("pearson", "all/pointwise/pearson"))
+                 ("balanced", "all/pairwise_balanced/accuracy"), ("pearson", "all/pointwise/pearson"))
 SPLITS = {"id": "id-test", "ood": "ood-test"}
 SUBTASK_METRIC = "pointwise_ranking/accuracy"  # shown per sub-task
 # and the pairwise protocol's, beside the share of its verdicts that flip when the order is swapped: where the

@@ -92,6 +92,15 @@ def test_expected_rating_readout_needs_the_ratings_logprobs():
     assert cfg.judge.rating_readout == "expected"
 
 
+def test_a_gate_on_balanced_verdicts_needs_their_probabilities():
+    metric = "gate.judge_metric=id-test/all/pairwise_balanced/accuracy"
+    with pytest.raises(ConfigError, match="read only with judge.rating_readout: expected"):
+        load_config(None, [metric, "judge.rating_readout=text"])
+    cfg = load_config(None, [metric, "judge.rating_readout=expected", "judge.generation.top_logprobs=5",
+                             "gate.judge_test=mcnemar"])  # a per-pair accuracy: the paired test applies
+    assert cfg.gate.judge_metric == metric.split("=")[1]
+
+
 def test_micro_batches_that_do_not_divide_the_batch_fail_at_load_naming_the_training():
     with pytest.raises(ConfigError, match=r"train.judge_sft: batch_size 16 does not divide into micro_batches 3"):
         load_config(REPO_ROOT / "configs" / "local.yaml", ["train.judge_sft.micro_batches=3"])

@@ -20,7 +20,7 @@ import json
 from pathlib import Path
 
 from flywheel.engines import TextEngine
-from flywheel.evaluate.metrics import PairItem, PointItem, pairwise_metrics, pointwise_metrics
+from flywheel.evaluate.metrics import PairItem, PointItem, one_verdict_metrics, pairwise_metrics, pointwise_metrics
 from flywheel.judge import pairwise, pointwise
 from flywheel.records import validate
 
@@ -82,7 +82,8 @@ def load_labeled(path: str | Path) -> tuple[list[dict], list[str]]:
 def evaluate_labeled(engine: TextEngine, items: list[dict], style: str = "minos",
                      readout: str = "text") -> dict[str, float]:
     """The engine's metrics on labeled items; style: the prompt style the judge was trained on; readout: how a
-    pointwise score is read (judge.rating_readout)."""
+    pointwise score is read (judge.rating_readout; `expected` also scores each pair by one verdict from both
+    orders' probabilities, `pairwise_balanced/...`, as meta-eval does)."""
     jobs = []
     for it in items:
         p, c = it["prompt"], it["candidates"]
@@ -91,20 +92,25 @@ def evaluate_labeled(engine: TextEngine, items: list[dict], style: str = "minos"
         else:
             jobs += [(it, order, req) for order, req in pairwise.build_both(p, c[0], c[1], style=style).items()]
     results = engine.generate([r for _, _, r in jobs])
-    points, verdicts = {}, {}
+    points, verdicts, probs = {}, {}, {}
     for (it, order, _), res in zip(jobs, results, strict=True):
         if order is None:
             score = pointwise.result_fields(res, readout)["score"] if res.ok else None
             points[it["line"]] = PointItem(str(it["line"]), it["gold"], score)
         else:
-            parsed = pairwise.parse(res.text) if res.ok else None
-            verdict = getattr(parsed, "verdict", None)
-            verdicts.setdefault(it["line"], {})[order] = pairwise.to_ab(verdict, order) if verdict else None
-    pairs = [PairItem(str(it["line"]), it["gold"], verdicts[it["line"]].get("AB"), verdicts[it["line"]].get("BA"))
-             for it in items if it["type"] == "pairwise"]
+            fields = pairwise.result_fields(res, order, readout) if res.ok else {"verdict": None, "parsed": None}
+            verdicts.setdefault(it["line"], {})[order] = fields["verdict"]
+            probs.setdefault(it["line"], {})[order] = (fields["parsed"] or {}).get("verdict_probs")
+    lines = [it["line"] for it in items if it["type"] == "pairwise"]
+    gold = {it["line"]: it["gold"] for it in items}
+    pairs = [PairItem(str(n), gold[n], verdicts[n].get("AB"), verdicts[n].get("BA")) for n in lines]
+    balanced = [PairItem(str(n), gold[n], pairwise.balanced_verdict(probs[n].get("AB"), probs[n].get("BA")))
+                for n in lines]
     out = {}
     if points:
         out |= {f"pointwise/{k}": v for k, v in pointwise_metrics(list(points.values())).items()}
     if pairs:
         out |= {f"pairwise/{k}": v for k, v in pairwise_metrics(pairs).items()}
+    if any(i.verdict_ab is not None for i in balanced):  # only a judge read with its probabilities has these
+        out |= {f"pairwise_balanced/{k}": v for k, v in one_verdict_metrics(balanced).items()}
     return out

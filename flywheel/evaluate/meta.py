@@ -18,6 +18,7 @@ judged rows are then written apart (<output>/<split>, <output>/perturb/<split>/j
 
 from __future__ import annotations
 
+import json
 import logging
 from collections import defaultdict
 from dataclasses import dataclass
@@ -28,7 +29,8 @@ from flywheel.config import Config
 from flywheel.datasets import ManifestMismatch, read_dataset, read_manifest, write_dataset
 from flywheel.engines import TextRequest, make_text_engine
 from flywheel.evaluate import metric_names, perturbation
-from flywheel.evaluate.metrics import PairItem, PointItem, pair_correct, pairwise_metrics, pointwise_metrics
+from flywheel.evaluate.metrics import (PairItem, PointItem, one_verdict_metrics, pair_correct, pairwise_metrics,
+                                      pointwise_metrics)
 from flywheel.judge import pairwise, pointwise
 from flywheel.records import config_hash
 from flywheel.stages.runner import CoreOutput, run_stage, up_to_date
@@ -76,7 +78,7 @@ class MetaEvalCore:
             if order is None:
                 fields = pointwise.result_fields(res, self.readout)
             else:
-                fields = pairwise.to_judgment_fields(pairwise.parse(res.text), order)
+                fields = pairwise.result_fields(res, order, self.readout)
             out.rows.append({"prompt_id": g["prompt_id"], "candidate_ids": g["candidate_ids"], "judge": self.judge,
                              "protocol": g["protocol"], "aspect": g["aspect"], "order": order, "sample_k": 0,
                              "raw_output": res.text, **fields})
@@ -92,7 +94,9 @@ def _key(row: dict) -> tuple:
     return row["prompt_id"], tuple(row["candidate_ids"]), row["protocol"], row["aspect"]
 
 
-Slices = dict[str, tuple[list[PointItem], list[PairItem], list[PairItem]]]  # name -> (points, pairs, ranked)
+# name -> (points, pairs, ranked, balanced): pointwise items, pairwise verdicts in both orders, pairs ordered by
+# the pointwise ratings, and pairs given one verdict from both orders' probabilities (pairwise.balanced_verdict)
+Slices = dict[str, tuple[list[PointItem], list[PairItem], list[PairItem], list[PairItem]]]
 
 
 def _slices(gold: list[dict], judged: list[dict], prompts: dict[str, dict], unseen_aspects: set[str],
@@ -104,7 +108,7 @@ def _slices(gold: list[dict], judged: list[dict], prompts: dict[str, dict], unse
         by_key[_key(j)][j["order"]] = j
     rating = {(j["prompt_id"], j["candidate_ids"][0]): j["score"] if j["parse_error"] is None else None
               for j in judged if j["protocol"] == "pointwise" and j["aspect"] is None}
-    slices: Slices = defaultdict(lambda: ([], [], []))
+    slices: Slices = defaultdict(lambda: ([], [], [], []))
     for g in gold:
         p = prompts[g["prompt_id"]]
         names = ["all", f"task/{p['task']}", *([metric_names.SUBTASK + p["subtask"]] if p["subtask"] else [])]
@@ -113,7 +117,7 @@ def _slices(gold: list[dict], judged: list[dict], prompts: dict[str, dict], unse
         mine = by_key.get(_key(g), {})
         key = g["judgment_id"]
         for name in names:
-            points, pairs, ranked = slices[name]
+            points, pairs, ranked, balanced = slices[name]
             if g["protocol"] == "pointwise" and g["score"] is not None and "pointwise" in protocols:
                 got = mine.get(None)
                 points.append(PointItem(key, g["score"], got["score"] if got and got["parse_error"] is None else None))
@@ -122,11 +126,21 @@ def _slices(gold: list[dict], judged: list[dict], prompts: dict[str, dict], unse
                 if "pairwise" in protocols:
                     pairs.append(PairItem(key, g["verdict"], ab["verdict"] if ab and not ab["parse_error"] else None,
                                           ba["verdict"] if ba and not ba["parse_error"] else None))
+                    balanced.append(PairItem(key, g["verdict"], pairwise.balanced_verdict(_probs(ab), _probs(ba))))
                 if g["aspect"] is None and "pointwise" in protocols:
                     a, b = (rating.get((g["prompt_id"], c)) for c in g["candidate_ids"])
                     verdict = None if a is None or b is None else "A" if a > b else "B" if b > a else "tie"
                     ranked.append(PairItem(key, g["verdict"], verdict))
     return slices
+
+
+def _probs(row: dict | None) -> dict[str, float] | None:
+    """A judged pairwise row's verdict probabilities as emitted (parsed.verdict_probs), if it recorded them; its
+    `parsed` is JSON text as stored (flywheel/records.py), or a dict as judged."""
+    if not row or row["parse_error"] is not None or not row.get("parsed"):
+        return None
+    parsed = row["parsed"] if isinstance(row["parsed"], dict) else json.loads(row["parsed"])
+    return parsed.get("verdict_probs")
 
 
 def score_split(gold: list[dict], judged: list[dict], prompts: dict[str, dict], unseen_aspects: set[str],
@@ -139,15 +153,16 @@ def score_split(gold: list[dict], judged: list[dict], prompts: dict[str, dict], 
     flywheel's preference stage uses the judge, so it predicts the quality of the pairs it makes. `protocols`:
     those the judge was asked in (meta_eval.protocols); a protocol left out has no metrics, not zeros."""
     out: dict[str, float] = {}
-    for name, (points, pairs, ranked) in sorted(_slices(gold, judged, prompts, unseen_aspects, ood_subtasks,
+    for name, (points, pairs, ranked, balanced) in sorted(_slices(gold, judged, prompts, unseen_aspects, ood_subtasks,
                                                         protocols).items()):
         if points:
             out |= {f"{name}/pointwise/{k}": v for k, v in pointwise_metrics(points).items()}
         if pairs:
             out |= {f"{name}/pairwise/{k}": v for k, v in pairwise_metrics(pairs).items()}
         if ranked:
-            m = pairwise_metrics(ranked)
-            out |= {f"{name}/pointwise_ranking/{k}": m[k] for k in ("n", "accuracy", "parse_failure_rate")}
+            out |= {f"{name}/pointwise_ranking/{k}": v for k, v in one_verdict_metrics(ranked).items()}
+        if any(i.verdict_ab is not None for i in balanced):  # only a judge read with its probabilities has these
+            out |= {f"{name}/pairwise_balanced/{k}": v for k, v in one_verdict_metrics(balanced).items()}
     return out
 
 
@@ -163,8 +178,9 @@ def pair_outcomes(name: str, gold: list[dict], judged: list[dict], prompts: dict
     slice_name, protocol = parsed
     # both protocols: the metric exists only if its own was asked, and asking another changes none of its items
     slices = _slices(gold, judged, prompts, unseen_aspects, ood_subtasks, ("pointwise", "pairwise"))
-    _, pairs, ranked = slices.get(slice_name, ([], [], []))
-    return {i.key: pair_correct(i) for i in (pairs if protocol == "pairwise" else ranked)}
+    _, pairs, ranked, balanced = slices.get(slice_name, ([], [], [], []))
+    items = {"pairwise": pairs, "pointwise_ranking": ranked, "pairwise_balanced": balanced}[protocol]
+    return {i.key: pair_correct(i) for i in items}
 
 
 class OutcomesUnavailable(LookupError):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 # Protocols whose accuracy is a mean of one right/wrong outcome per gold pair, so two judges scored on the same
 # gold pairs can be compared pair by pair (McNemar).
-PER_PAIR = ("pairwise", "pointwise_ranking")
+PER_PAIR = ("pairwise", "pointwise_ranking", "pairwise_balanced")
 
 
 def split_of(metric: str) -> tuple[str, str]:
@@ -16,7 +16,8 @@ def split_of(metric: str) -> tuple[str, str]:
 
 
 # The judge protocol whose outputs a metric is computed from (ranking accuracy orders pairs by pointwise ratings).
-SOURCE_PROTOCOL = {"pairwise": "pairwise", "pointwise": "pointwise", "pointwise_ranking": "pointwise"}
+SOURCE_PROTOCOL = {"pairwise": "pairwise", "pointwise": "pointwise", "pointwise_ranking": "pointwise",
+                   "pairwise_balanced": "pairwise"}
 
 
 def protocol_of(metric: str) -> str | None:

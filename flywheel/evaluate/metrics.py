@@ -86,6 +86,13 @@ def pairwise_metrics(items: Sequence[PairItem]) -> dict[str, float]:
     }
 
 
+def one_verdict_metrics(items: Sequence[PairItem]) -> dict[str, float]:
+    """Accuracy, count and parse-failure rate of pairs given one verdict each (ordered by pointwise ratings, or
+    balanced from both orders' probabilities): a position-bias rate needs two verdicts, so it is left out."""
+    m = pairwise_metrics(items)
+    return {k: m[k] for k in ("n", "accuracy", "parse_failure_rate")}
+
+
 def pairs_from_points(items: Iterable[tuple[str, str, float, float | None, float, float | None]]) -> list[PairItem]:
     """Pairwise items from pointwise scores: (key, ..., gold_a, judged_a, gold_b, judged_b) → verdicts by the
     higher score (equal judged scores are a tie, which never matches a gold winner)."""

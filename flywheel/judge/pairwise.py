@@ -13,10 +13,12 @@ judge, `verdict` = the verdict mapped to the AB frame (parsed keeps the verdict 
 """
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from flywheel.engines.base import TextRequest
+from flywheel.engines.base import TextRequest, TextResult, TokenLogprobs
 from flywheel.judge import base
 from flywheel.judge.base import ParseError, fail, strict
 
@@ -156,12 +158,60 @@ def parse(raw: str) -> PairwiseJudgment | ParseError:
     return base.make(PairwiseJudgment, analysis, _VERDICT_WORDS[key.lower()])
 
 
-def to_judgment_fields(x: PairwiseJudgment | ParseError, order: str) -> dict:
-    """verdict = the verdict in the AB frame of candidate_ids; parsed = {"verdict": as emitted, "order"};
-    score stays null (a preference, not a rating)."""
+def _verdict_of(token: str) -> str | None:
+    t = token.strip().removesuffix(".").strip().lower()
+    return _VERDICT_WORDS.get(t)
+
+
+def verdict_probs(verdict: str, logprobs: Sequence[TokenLogprobs]) -> dict[str, float] | None:
+    """The judge's probabilities of A, B and tie at the token where it wrote `verdict` (as emitted), renormalised
+    among that position's top alternatives that spell a whole verdict (" A", "A" and "A." add up; a tie spelt in
+    several tokens is not seen, so its mass is left out). None when no generated token spells the verdict."""
+    at = next((t for t in reversed(logprobs) if _verdict_of(t.token) == verdict), None)
+    if at is None:
+        return None
+    mass = dict.fromkeys(VERDICTS, 0.0)
+    for token, lp in {**at.top, at.token: at.logprob}.items():
+        v = _verdict_of(token)
+        if v is not None:
+            mass[v] += math.exp(lp)
+    total = sum(mass.values())
+    return {v: p / total for v, p in mass.items()} if total > 0 else None
+
+
+def balanced_verdict(probs_ab: dict[str, float] | None, probs_ba: dict[str, float] | None) -> str | None:
+    """One AB-frame verdict from both orders' verdict probabilities (each as emitted in its own order): the
+    argmax of their mean once the BA order's A and B are swapped back. Wang et al. 2023 ("Large Language Models
+    are not Fair Evaluators") call this balanced position calibration: a position preference adds the same mass
+    to A in one order and to B in the other, so it cancels, and what is left is how much more the judge prefers
+    one response wherever it sits. The verdict cannot flip under the swap. None without both orders' probabilities
+    (an unparsed order, or an engine without log-probabilities); an exact draw is a tie."""
+    if probs_ab is None or probs_ba is None:
+        return None
+    mean = {"A": (probs_ab["A"] + probs_ba["B"]) / 2, "B": (probs_ab["B"] + probs_ba["A"]) / 2,
+            "tie": (probs_ab["tie"] + probs_ba["tie"]) / 2}
+    best = max(mean.values())
+    winners = [v for v, p in mean.items() if p == best]
+    return winners[0] if len(winners) == 1 else "tie"
+
+
+def to_judgment_fields(x: PairwiseJudgment | ParseError, order: str,
+                       logprobs: Sequence[TokenLogprobs] | None = None) -> dict:
+    """verdict = the verdict in the AB frame of candidate_ids; parsed = {"verdict": as emitted, "order"} (+
+    "verdict_probs", as emitted, with `logprobs`: verdict_probs); score stays null (a preference, not a rating).
+    A parse failure stays a failure whatever the logprobs say."""
     if order not in ORDERS:
         raise ValueError(f"order {order!r} not in AB/BA")
     if isinstance(x, ParseError):
         return base.error_fields(x)
-    return base.fields(parsed={"verdict": x.verdict, "order": order}, verdict=to_ab(x.verdict, order),
-                       analysis=x.analysis)
+    parsed: dict[str, Any] = {"verdict": x.verdict, "order": order}
+    probs = verdict_probs(x.verdict, logprobs) if logprobs else None
+    if probs is not None:
+        parsed["verdict_probs"] = probs
+    return base.fields(parsed=parsed, verdict=to_ab(x.verdict, order), analysis=x.analysis)
+
+
+def result_fields(res: TextResult, order: str, readout: str = "text") -> dict:
+    """The judgment fields of one engine result (which must be ok); readout: judge.rating_readout (expected
+    also records the verdict's probabilities, which balanced_verdict combines across both orders)."""
+    return to_judgment_fields(parse(res.text), order, res.logprobs if readout == "expected" else None)

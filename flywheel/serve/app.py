@@ -238,7 +238,8 @@ class JudgeServer:
     @app.post("/v1/judge/pairwise")
     async def pairwise(self, request: Request) -> dict:
         body = await self._body(request, PairwiseBody)
-        plan = await asyncio.to_thread(plan_pairwise, body, self.limits, self.tree, self.cfg.judge.prompt_style)
+        plan = await asyncio.to_thread(plan_pairwise, body, self.limits, self.tree, self.cfg.judge.prompt_style,
+                                       self.cfg.judge.rating_readout)
         return await self._judge("pairwise", plan, body.seed)
 
     @app.post("/v1/judge/aspects")

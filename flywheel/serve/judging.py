@@ -92,7 +92,8 @@ def plan_pointwise(body: PointwiseBody, limits: ServeLimitsConfig, style: str = 
 
 
 # ---------------------------------------------------------------- pairwise
-def plan_pairwise(body: PairwiseBody, limits: ServeLimitsConfig, tree: AspectTree, style: str = "minos") -> Plan:
+def plan_pairwise(body: PairwiseBody, limits: ServeLimitsConfig, tree: AspectTree, style: str = "minos",
+                  readout: str = "text") -> Plan:
     count_items(len(body.items), limits)
     count_images(sum(_n_images(it.prompt, it.candidate_a, it.candidate_b) for it in body.items), limits)
     requests, slots = [], []
@@ -116,8 +117,13 @@ def plan_pairwise(body: PairwiseBody, limits: ServeLimitsConfig, tree: AspectTre
         out = [{"candidate_ids": [it.candidate_a.candidate_id, it.candidate_b.candidate_id], "aspect": it.aspect,
                 "orders": {}} for it in body.items]
         for (i, order), r in zip(slots, results, strict=True):
-            out[i]["orders"][order] = outcome(r, pw.parse, lambda x, o=order: pw.to_judgment_fields(x, o))
+            logprobs = r.logprobs if readout == "expected" else None
+            out[i]["orders"][order] = outcome(r, pw.parse,
+                                              lambda x, o=order, lp=logprobs: pw.to_judgment_fields(x, o, lp))
         for item in out:
+            probs = [(o["parsed"] or {}).get("verdict_probs") for o in (item["orders"].get(k) for k in pw.ORDERS)
+                     if o is not None]
+            item["verdict_balanced"] = pw.balanced_verdict(*probs) if len(probs) == 2 else None
             verdicts = [o["verdict"] for o in item["orders"].values()]
             if len(verdicts) == 2 and None not in verdicts:
                 item["position_consistent"] = verdicts[0] == verdicts[1]  # both already in the AB frame

@@ -256,7 +256,7 @@ class JudgmentsCore:
                 self._reject(out, i, p, [a, b], "pairwise", k, f"engine error: {res.error}", order=order, aspect=name)
                 continue
             rows.append(self._row(p, [a, b], "pairwise", k, res.text,
-                                  pw.to_judgment_fields(pw.parse(res.text), order), aspect=name, order=order))
+                                  pw.result_fields(res, order, self.readout), aspect=name, order=order))
         return rows
 
     def _aspects(self, i, p, c, k, out) -> Item:

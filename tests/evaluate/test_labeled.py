@@ -121,3 +121,35 @@ def test_expected_readout_orders_what_the_written_ratings_tie(tmp_path):
     expected = evaluate_labeled(WritesThreeButLeans(), items, readout="expected")
     assert expected["pointwise/spearman"] == 1.0 and expected["pointwise/parse_failure_rate"] == 0.0
     assert expected["pointwise/exact"] == 1 / 3  # 3.8, 3.0, 2.2: only the middle one rounds to its gold
+
+
+class AlwaysSaysA(TextEngine):
+    """A stand-in pairwise judge with total position bias: it writes "Verdict: A" whatever the order, but is surer
+    of it when "Red." is Response A (its log-probabilities are scripted)."""
+
+    name, version = "scripted-verdicts", "1"
+
+    def generate(self, requests, seed=0):
+        import math
+
+        from flywheel.engines.base import TokenLogprobs
+        out = []
+        for r in requests:
+            text = " ".join(p.get("text", "") for p in r.messages[-1]["content"] if p.get("type") == "text")
+            p_a = 0.9 if text.find("Red.") < text.find("Blue.") else 0.7
+            out.append(TextResult(text="Analysis: a colour.\nVerdict: A", logprobs=[
+                TokenLogprobs(" A", math.log(p_a), {" A": math.log(p_a), " B": math.log(1 - p_a)})]))
+        return out
+
+
+def test_expected_readout_balances_a_position_biased_verdict(tmp_path):
+    lines = [{"type": "pairwise", "prompt": PROMPT, "response_a": {"text": a}, "response_b": {"text": b},
+              "winner": "A" if a == "Red." else "B"} for a, b in (("Red.", "Blue."), ("Blue.", "Red."))]
+    path = tmp_path / "l.jsonl"
+    path.write_text("\n".join(json.dumps(x) for x in lines))
+    items, _ = load_labeled(path)
+    written = evaluate_labeled(AlwaysSaysA(), items, readout="text")
+    assert written["pairwise/accuracy"] == 0.0 and written["pairwise/position_bias_rate"] == 1.0
+    assert not any(k.startswith("pairwise_balanced/") for k in written)  # no probabilities read
+    balanced = evaluate_labeled(AlwaysSaysA(), items, readout="expected")
+    assert balanced["pairwise_balanced/accuracy"] == 1.0 and balanced["pairwise_balanced/n"] == 2

@@ -111,6 +111,32 @@ def test_pointwise_ranking_orders_gold_pairs_by_the_judges_ratings():
     assert m["all/pointwise_ranking/accuracy"] == 0.5
     assert m["all/pointwise_ranking/parse_failure_rate"] == 0.25
     assert m["all/pairwise/accuracy"] == 0.0  # no pairwise-protocol judgments at all: nothing is guessed
+    assert not any("pairwise_balanced" in k for k in m)  # nor any probabilities to balance
+
+
+def test_a_balanced_verdict_counts_a_position_biased_judge_right_when_its_probabilities_lean_to_gold():
+    """No Ray: the pairwise protocol in both orders, scored strictly (both verdicts right) and balanced (one verdict
+    from both orders' probabilities, pairwise.balanced_verdict). Gold is A for every pair."""
+    prompts = {"p": {"task": "iu", "subtask": "iu_count"}}
+    gold = [{"judgment_id": f"g{i}", "prompt_id": "p", "candidate_ids": [f"a{i}", f"b{i}"], "protocol": "pairwise",
+             "aspect": None, "verdict": "A", "score": None} for i in range(4)]
+
+    def shown(i, order, verdict, p_a, error=None):  # verdict and p_a as emitted in `order`
+        probs = {"A": p_a, "B": 1 - p_a, "tie": 0.0}
+        return {"prompt_id": "p", "candidate_ids": [f"a{i}", f"b{i}"], "protocol": "pairwise", "aspect": None,
+                "order": order, "verdict": None if error else verdict if order == "AB" else "AB"["BA".index(verdict)],
+                "parse_error": error, "parsed": None if error else {"verdict": verdict, "verdict_probs": probs}}
+
+    judged = [shown(0, "AB", "A", 0.9), shown(0, "BA", "A", 0.6),  # says "A" both times, surer when A is first
+              shown(1, "AB", "A", 0.6), shown(1, "BA", "A", 0.9),  # ... surer when B is first: wrong
+              shown(2, "AB", "A", 0.8), shown(2, "BA", "B", 0.3),  # consistent and right
+              shown(3, "AB", "A", 0.9), shown(3, "BA", None, 0.5, "no verdict")]  # one order unparsed
+    m = meta.score_split(gold, judged, prompts, set(), set())
+    # strictly, g2 is right and so is g3 (its one parsed verdict names gold); balanced, g3 has no verdict
+    assert m["all/pairwise/accuracy"] == 0.5 and m["all/pairwise/position_bias_rate"] == pytest.approx(2 / 3)
+    assert m["all/pairwise_balanced/accuracy"] == 0.5 and m["all/pairwise_balanced/parse_failure_rate"] == 0.25
+    outcomes = meta.pair_outcomes("all/pairwise_balanced/accuracy", gold, judged, prompts, set(), set())
+    assert outcomes == {"g0": True, "g1": False, "g2": True, "g3": False}
 
 
 # ---------------------------------------------------------------- per-pair outcomes (the gate's McNemar test)
@@ -139,8 +165,10 @@ def _random_split(seed: int = 0):
                 if r < 0.1:
                     continue
                 verdict, error = (None, "no verdict") if r < 0.2 else (rng.choice("AB"), None)
+                p_a = rng.random()  # the verdict's probabilities, as emitted (some rows recorded none)
+                parsed = None if error else {"verdict_probs": {"A": p_a, "B": 1 - p_a, "tie": 0.0}} if r < 0.95 else {}
                 judged.append({**{k: g[k] for k in ("prompt_id", "candidate_ids", "protocol", "aspect")},
-                               "order": order, "verdict": verdict, "parse_error": error})
+                               "order": order, "verdict": verdict, "parse_error": error, "parsed": parsed})
     return gold, judged + pointwise_rows, prompts
 
 
@@ -152,7 +180,8 @@ def test_each_per_pair_accuracy_is_the_mean_of_its_pair_outcomes():
     assert {"all/pairwise/accuracy", "all/pointwise_ranking/accuracy", "task/iu/pairwise/accuracy",
             "task/nlg/pointwise_ranking/accuracy", "task_generalization/pointwise_ranking/accuracy",
             "aspect_generalization/pairwise/accuracy", "subtask/iu_count/pointwise_ranking/accuracy",
-            "subtask/nlg_describe_scene/pairwise/accuracy"} <= set(names)
+            "subtask/nlg_describe_scene/pairwise/accuracy", "all/pairwise_balanced/accuracy",
+            "task/iu/pairwise_balanced/accuracy"} <= set(names)
     # the sub-tasks partition their task: a task's pairs are its sub-tasks' pairs
     n = lambda name: metrics.get(f"{name}/pointwise_ranking/n", 0)  # noqa: E731
     assert n("task/iu") == n("subtask/iu_count") + n("subtask/iu_relation") > n("subtask/iu_count") > 0

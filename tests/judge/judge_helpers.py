@@ -1,12 +1,14 @@
 """Shared helpers of the judge-protocol tests (imported by them; fixtures are in conftest.py): tiny distinct
-PNGs, prompt/candidate records, random texts, and a full judgment row for flywheel.records.validate."""
+PNGs, prompt/candidate records, random texts, generated tokens with their alternatives, and a full judgment row
+for flywheel.records.validate."""
 from __future__ import annotations
 
+import math
 import random
 
 from PIL import Image
 
-from flywheel.engines.base import check_text_request
+from flywheel.engines.base import TokenLogprobs, check_text_request
 from flywheel.images import to_png_bytes
 from flywheel.judge import base
 from flywheel.records import make_id
@@ -87,3 +89,9 @@ def build_valid(rng: random.Random, make, n: int, tries: int = 50):
         else:
             raise AssertionError("could not generate a valid value")
     return out
+
+
+def tokens(*steps) -> list[TokenLogprobs]:
+    """TokenLogprobs for (chosen token, {alternative: probability}) steps."""
+    return [TokenLogprobs(tok, math.log(alts.get(tok, 0.01)), {t: math.log(p) for t, p in alts.items()})
+            for tok, alts in steps]

@@ -1,11 +1,12 @@
 """Pairwise (FRABench / Multimodal RewardBench): both orders, universal aspects without the query, verdict
-frames, position consistency, round trips, strict failures, judgment fields."""
+frames, position consistency, round trips, strict failures, judgment fields, the verdict's probabilities and the
+balanced verdict of both orders."""
 from __future__ import annotations
 
 import random
 
 import pytest
-from judge_helpers import build_valid, candidate, checked, judgment_row, paragraph, prompt
+from judge_helpers import build_valid, candidate, checked, judgment_row, paragraph, prompt, tokens
 
 from flywheel.aspects import AspectTree
 from flywheel.judge import pairwise as pw
@@ -145,3 +146,32 @@ def test_judgment_fields_are_in_the_ab_frame():
     assert not quarantined and [r["verdict"] for r in valid] == ["B", "A", None]
     with pytest.raises(ValueError, match="order"):
         pw.to_judgment_fields(j, "ab")
+
+
+def test_verdict_probs_are_read_at_the_verdict_token_and_renormalised():
+    # "Analysis: Response A is red.\nVerdict: A": the analysis's own " A" and the colon's alternatives must not count
+    steps = [("Analysis", {"Analysis": 1.0}), (": Response", {": Response": 1.0}), (" A", {" A": 0.6, " B": 0.4}),
+             (" is red.\n", {" is red.\n": 1.0}), ("Verdict", {"Verdict": 1.0}), (":", {":": 0.9, " B": 0.1}),
+             (" A", {" A": 0.5, "A": 0.1, " B": 0.2, " tie": 0.1, " the": 0.1})]
+    probs = pw.verdict_probs("A", tokens(*steps))
+    assert probs == pytest.approx({"A": 0.6 / 0.9, "B": 0.2 / 0.9, "tie": 0.1 / 0.9})
+    f = pw.to_judgment_fields(pw.parse("Analysis: Response A is red.\nVerdict: A"), "BA", tokens(*steps))
+    assert f["verdict"] == "B" and f["parsed"]["verdict"] == "A"  # probabilities stay in the order as emitted
+    assert f["parsed"]["verdict_probs"] == pytest.approx(probs)
+    assert pw.verdict_probs("B", tokens(("Verdict", {"Verdict": 1.0}), (": b", {": b": 1.0}))) is None
+    bad = pw.to_judgment_fields(pw.parse("Analysis: a\nVerdict: C"), "AB", tokens(*steps))
+    assert bad["verdict"] is None and bad["parse_error"]  # never rescued by the probabilities
+
+
+@pytest.mark.parametrize("ab, ba, expected", [
+    # always "A" (the first shown), but more sure of it when B's response sits first: B is preferred
+    ({"A": 0.9, "B": 0.1, "tie": 0.0}, {"A": 0.95, "B": 0.05, "tie": 0.0}, "B"),
+    ({"A": 0.95, "B": 0.05, "tie": 0.0}, {"A": 0.9, "B": 0.1, "tie": 0.0}, "A"),
+    ({"A": 0.2, "B": 0.2, "tie": 0.6}, {"A": 0.3, "B": 0.3, "tie": 0.4}, "tie"),
+    ({"A": 0.6, "B": 0.4, "tie": 0.0}, {"A": 0.6, "B": 0.4, "tie": 0.0}, "tie"),  # an exact draw
+    ({"A": 0.6, "B": 0.4, "tie": 0.0}, None, None),  # one order without probabilities: no balanced verdict
+])
+def test_balanced_verdict_cancels_the_position_preference(ab, ba, expected):
+    assert pw.balanced_verdict(ab, ba) == expected
+    if ba is not None:  # the same two responses shown the other way round give the mirrored verdict
+        assert pw.balanced_verdict(ba, ab) == {"A": "B", "B": "A", "tie": "tie"}[expected]

@@ -4,7 +4,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from judge_helpers import build_valid, candidate, checked, judgment_row, paragraph, prompt
+from judge_helpers import build_valid, candidate, checked, judgment_row, paragraph, prompt, tokens
 
 from flywheel.judge import pointwise as pw
 from flywheel.judge.guidelines import get_guideline
@@ -116,32 +116,22 @@ def test_judgment_fields_validate_as_records():
     assert not quarantined and len(valid) == 2 and valid[0]["parsed"] == '{"rating":4}'
 
 
-def _tokens(*steps):
-    """TokenLogprobs for (chosen token, {alternative: probability}) steps."""
-    import math
-
-    from flywheel.engines.base import TokenLogprobs
-
-    return [TokenLogprobs(tok, math.log(alts.get(tok, 0.01)), {t: math.log(p) for t, p in alts.items()})
-            for tok, alts in steps]
-
-
 def test_expected_rating_weights_the_ratings_at_the_written_one():
     # "Analysis: ok\nRating: 4" with P(4)=0.5, P(2)=0.3, P(" 5")+P("5")=0.2 at the rating token; "Rating" and ":"
     # earlier carry digits among their alternatives that must not count.
     steps = [("Analysis", {"Analysis": 0.9, "3": 0.1}), (": ok\n", {": ok\n": 1.0}), ("Rating", {"Rating": 1.0}),
              (":", {":": 0.8, " 1": 0.2}), (" 4", {" 4": 0.5, " 2": 0.3, " 5": 0.1, "5": 0.1, " the": 0.2})]
-    got = pw.expected_rating(4, _tokens(*steps))
+    got = pw.expected_rating(4, tokens(*steps))
     assert got == pytest.approx((4 * 0.5 + 2 * 0.3 + 5 * 0.2) / 1.0)
-    f = pw.to_judgment_fields(pw.parse("Analysis: ok\nRating: 4"), _tokens(*steps))
+    f = pw.to_judgment_fields(pw.parse("Analysis: ok\nRating: 4"), tokens(*steps))
     assert f["score"] == pytest.approx(3.6) and f["parsed"] == {"rating": 4, "expected_rating": pytest.approx(3.6)}
 
 
 def test_expected_rating_keeps_the_written_rating_without_its_token_and_never_rescues_a_parse_failure():
     steps = [("Rating", {"Rating": 1.0}), (":", {":": 1.0}), (" four", {" four": 0.6, " 3": 0.4})]
-    assert pw.expected_rating(4, _tokens(*steps)) is None
-    assert pw.to_judgment_fields(pw.parse("Analysis: a\nRating: 4"), _tokens(*steps))["score"] == 4.0
-    bad = pw.to_judgment_fields(pw.parse("Analysis: a\nRating: four"), _tokens(*steps))
+    assert pw.expected_rating(4, tokens(*steps)) is None
+    assert pw.to_judgment_fields(pw.parse("Analysis: a\nRating: 4"), tokens(*steps))["score"] == 4.0
+    bad = pw.to_judgment_fields(pw.parse("Analysis: a\nRating: four"), tokens(*steps))
     assert bad["score"] is None and bad["parse_error"]
     # a trailing period (Minos writes "Rating: 4.") still finds the rating's token
-    assert pw.expected_rating(4, _tokens(("4.", {"4.": 0.75, "2": 0.25}))) == pytest.approx(3.5)
+    assert pw.expected_rating(4, tokens(("4.", {"4.": 0.75, "2": 0.25}))) == pytest.approx(3.5)

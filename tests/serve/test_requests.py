@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import math
 
 import pytest
 from PIL import Image
@@ -117,6 +118,7 @@ def test_pairwise_plan_judges_both_orders_and_flags_position_inconsistency(tree)
     assert out[0]["orders"]["BA"]["parsed"] == {"verdict": "B", "order": "BA"}
     assert out[1]["verdict"] is None and out[1]["position_consistent"] is False
     assert out[2]["verdict"] == "B" and out[2]["position_consistent"] is None  # BA only, mapped to the AB frame
+    assert [o["verdict_balanced"] for o in out] == [None] * 3  # read as text: no probabilities to balance
     bad = PairwiseBody.model_validate({"items": [{**item, "aspect": "no_such_aspect"}]})
     assert status_of(plan_pairwise, bad, LIMITS, tree)[0] == 422
     with_ref = {**item, "prompt": {**item["prompt"], "reference_text": "Red."}}
@@ -125,6 +127,26 @@ def test_pairwise_plan_judges_both_orders_and_flags_position_inconsistency(tree)
                            LIMITS, tree).requests[0]
     assert "###Reference Answer###\nRed.\n" in shown.messages[0]["content"][-1]["text"]
     assert "Reference" not in hidden.messages[0]["content"][-1]["text"]
+
+
+def test_pairwise_plan_read_with_probabilities_gives_a_balanced_verdict(tree):
+    """judge.rating_readout=expected: each order's verdict probabilities are returned, and one verdict from both
+    (pairwise.balanced_verdict) even where the written verdicts are position-inconsistent."""
+    item = {"prompt": {"task": "iu", "query": "What colour?"},
+            "candidate_a": {"candidate_id": "a", "output_text": "Red."},
+            "candidate_b": {"candidate_id": "b", "output_text": "Blue."}}
+    body = PairwiseBody.model_validate({"items": [item, {**item, "orders": ["AB"]}]})
+    plan = plan_pairwise(body, LIMITS, tree, readout="expected")
+
+    def said_a(p_a):  # "Verdict: A" with P(A) = p_a at its token
+        tok = lambda t, p: TokenLogprobs(t, math.log(p), {" A": math.log(p_a), " B": math.log(1 - p_a)})  # noqa: E731
+        return TextResult(text=pw.format(pw.PairwiseJudgment("Because.", "A")), logprobs=[tok(" A", p_a)])
+
+    out = plan.assemble([said_a(0.6), said_a(0.9), said_a(0.9)])
+    assert out[0]["verdict"] is None and out[0]["position_consistent"] is False  # "A" both times
+    assert out[0]["orders"]["BA"]["parsed"]["verdict_probs"] == pytest.approx({"A": 0.9, "B": 0.1, "tie": 0.0})
+    assert out[0]["verdict_balanced"] == "B"  # surer of "A" when B sat there
+    assert out[1]["verdict"] == "A" and out[1]["verdict_balanced"] is None  # one order only
 
 
 def test_aspects_plan_selects_from_the_tree_and_merges_group_scores(tree):
