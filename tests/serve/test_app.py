@@ -162,7 +162,7 @@ def test_pairwise_route_judges_both_orders(app):
     assert r.status_code == 200, r.text
     res = r.json()["results"][0]
     assert set(res["orders"]) == {"AB", "BA"} and res["candidate_ids"] == ["a", "b"]
-    assert "position_consistent" in res and "verdict" in res
+    assert "position_consistent" in res and "verdict" in res and "verdict_balanced" in res
 
 
 def test_aspects_route_scores_both_groups(app):
