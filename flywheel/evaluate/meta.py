@@ -116,17 +116,19 @@ def _slices(gold: list[dict], judged: list[dict], prompts: dict[str, dict], unse
             names.append("aspect_generalization" if g["aspect"] in unseen_aspects else "task_generalization")
         mine = by_key.get(_key(g), {})
         key = g["judgment_id"]
+        ab, ba = mine.get("AB"), mine.get("BA")
+        # once per gold pair, not per slice: each order's probabilities are JSON to parse
+        one_verdict = pairwise.balanced_verdict(_probs(ab), _probs(ba)) if g["protocol"] == "pairwise" else None
         for name in names:
             points, pairs, ranked, balanced = slices[name]
             if g["protocol"] == "pointwise" and g["score"] is not None and "pointwise" in protocols:
                 got = mine.get(None)
                 points.append(PointItem(key, g["score"], got["score"] if got and got["parse_error"] is None else None))
             elif g["protocol"] == "pairwise" and g["verdict"] in ("A", "B"):
-                ab, ba = mine.get("AB"), mine.get("BA")
                 if "pairwise" in protocols:
                     pairs.append(PairItem(key, g["verdict"], ab["verdict"] if ab and not ab["parse_error"] else None,
                                           ba["verdict"] if ba and not ba["parse_error"] else None))
-                    balanced.append(PairItem(key, g["verdict"], pairwise.balanced_verdict(_probs(ab), _probs(ba))))
+                    balanced.append(PairItem(key, g["verdict"], one_verdict))
                 if g["aspect"] is None and "pointwise" in protocols:
                     a, b = (rating.get((g["prompt_id"], c)) for c in g["candidate_ids"])
                     verdict = None if a is None or b is None else "A" if a > b else "B" if b > a else "tie"

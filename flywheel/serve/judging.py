@@ -121,9 +121,8 @@ def plan_pairwise(body: PairwiseBody, limits: ServeLimitsConfig, tree: AspectTre
             out[i]["orders"][order] = outcome(r, pw.parse,
                                               lambda x, o=order, lp=logprobs: pw.to_judgment_fields(x, o, lp))
         for item in out:
-            probs = [(o["parsed"] or {}).get("verdict_probs") for o in (item["orders"].get(k) for k in pw.ORDERS)
-                     if o is not None]
-            item["verdict_balanced"] = pw.balanced_verdict(*probs) if len(probs) == 2 else None
+            probs = [((item["orders"].get(k) or {}).get("parsed") or {}).get("verdict_probs") for k in pw.ORDERS]
+            item["verdict_balanced"] = pw.balanced_verdict(*probs)  # None unless both orders have probabilities
             verdicts = [o["verdict"] for o in item["orders"].values()]
             if len(verdicts) == 2 and None not in verdicts:
                 item["position_consistent"] = verdicts[0] == verdicts[1]  # both already in the AB frame
