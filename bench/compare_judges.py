@@ -9,6 +9,11 @@ draws (the same gold each iteration), so read their p as a summary, not a test o
 
     .venv/bin/python bench/compare_judges.py --a runs/fb --b runs/fr3 --iterations 001,002,003,004
         [--b-iterations ...] [--config configs/local.yaml] [--metric all/pointwise_ranking/accuracy]
+        [--b-metric all/pairwise_balanced/accuracy]
+
+With --b-metric, B's outcomes are another metric's, on the pairs both score: one run against itself compares
+two ways of reading the same judge (--a runs/X --b runs/X --metric all/pairwise_balanced/accuracy --b-metric
+all/pairwise/accuracy).
 
 Measured 2026-11-27 (A: runs/fb, the judge base with world.base_policies.judge.see_blur; B: runs/fr3, without;
 iterations 1-4 of each): id-test pooled 0.800 vs 0.791, A better on 86 pairs, worse on 79 (p=0.32); ood-test
@@ -52,8 +57,9 @@ def compare(a: dict, b: dict) -> dict:
 
 
 def run(cfg_a: Config, cfg_b: Config, iters_a: list[int], iters_b: list[int], name: str,
-        splits: tuple[str, ...] = SPLITS) -> list[tuple[str, dict]]:
-    """Rows (label, compare()) per split: one per iteration pair, then the pooled one."""
+        splits: tuple[str, ...] = SPLITS, name_b: str | None = None) -> list[tuple[str, dict]]:
+    """Rows (label, compare()) per split: one per iteration pair, then the pooled one. name_b: B's per-pair
+    accuracy when it is not A's (e.g. one judge's balanced pairwise verdicts against its pointwise ranking)."""
     if len(iters_a) != len(iters_b):
         raise SystemExit(f"--iterations names {len(iters_a)} iterations of A, --b-iterations {len(iters_b)} of B")
     rows = []
@@ -61,10 +67,10 @@ def run(cfg_a: Config, cfg_b: Config, iters_a: list[int], iters_b: list[int], na
         if gold_hash(cfg_a, split) != gold_hash(cfg_b, split):
             raise SystemExit(f"the runs' {split} gold differs ({cfg_a.run.workdir} vs {cfg_b.run.workdir}): their "
                              "pairs are not the same; compare runs of one seed and world.gold")
-        metric = f"{split}/{name}"
+        metric, metric_b = f"{split}/{name}", f"{split}/{name_b or name}"
         pool_a, pool_b = {}, {}
         for ia, ib in zip(iters_a, iters_b):
-            oa, ob = outcomes(cfg_a, ia, metric), outcomes(cfg_b, ib, metric)
+            oa, ob = outcomes(cfg_a, ia, metric), outcomes(cfg_b, ib, metric_b)
             rows.append((f"{split} {ia:03d} vs {ib:03d}", compare(oa, ob)))
             pool_a |= {(ia, ib, k): v for k, v in oa.items()}
             pool_b |= {(ia, ib, k): v for k, v in ob.items()}
@@ -80,16 +86,18 @@ def main() -> None:
     ap.add_argument("--b-iterations", help="B's iterations, paired in order with A's (default: the same)")
     ap.add_argument("--config", default="configs/local.yaml", help="the runs' config (its split's ood sets)")
     ap.add_argument("--metric", default="all/pointwise_ranking/accuracy", help="a per-pair accuracy, no split")
+    ap.add_argument("--b-metric", help="B's per-pair accuracy, if not --metric (compared on the pairs both score)")
     ap.add_argument("--splits", default=",".join(SPLITS), help="meta-eval splits, comma-separated")
     args = ap.parse_args()
     cfg_a = load_config(args.config, [f"run.workdir={args.a}"])
     cfg_b = load_config(args.config, [f"run.workdir={args.b}"])
     iters_a = [int(i) for i in args.iterations.split(",")]
     iters_b = [int(i) for i in (args.b_iterations or args.iterations).split(",")]
-    print(f"A: {args.a}  B: {args.b}  {args.metric}; McNemar one-sided, A better than B")
+    metrics = args.metric if not args.b_metric else f"A {args.metric}, B {args.b_metric}"
+    print(f"A: {args.a}  B: {args.b}  {metrics}; McNemar one-sided, A better than B")
     print(f"{'':24} {'n':>4} {'A':>6} {'B':>6} {'A only':>7} {'B only':>7} {'p':>9}")
     splits = tuple(args.splits.split(","))
-    for label, r in run(cfg_a, cfg_b, iters_a, iters_b, args.metric, splits):
+    for label, r in run(cfg_a, cfg_b, iters_a, iters_b, args.metric, splits, args.b_metric):
         print(f"{label:24} {r['n']:4d} {r['a']:6.3f} {r['b']:6.3f} {r['better']:7d} {r['worse']:7d} {r['p']:9.2g}")
 
 

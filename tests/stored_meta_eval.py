@@ -43,10 +43,23 @@ def write_gold(gold_uri: str, n: int, seed: int = 0) -> list[str]:
     return [g["judgment_id"] for g in gold]
 
 
-def write_judged(output_uri: str, gold_uri: str, right: dict[str, bool]) -> None:
+def _position_biased(prompt_id: str, pair: list[str], ok: bool) -> list[dict]:
+    """Both orders' rows of a judge that always writes "A" (so its strict pairwise verdict is always wrong), its
+    verdict probabilities leaning to gold's A iff ok once both orders are balanced (0.6 / 0.45 vs 0.55 / 0.4)."""
+    rows = []
+    for order, p_a in (("AB", 0.6 if ok else 0.55), ("BA", 0.55 if ok else 0.6)):
+        probs = {"A": p_a, "B": round(1 - p_a, 2), "tie": 0.0}
+        rows.append(_judgment(prompt_id, pair, "judge", order=order, verdict="A" if order == "AB" else "B",
+                              parsed={"verdict": "A", "order": order, "verdict_probs": probs}))
+    return rows
+
+
+def write_judged(output_uri: str, gold_uri: str, right: dict[str, bool],
+                 balanced: dict[str, bool] | None = None) -> None:
     """A judge's meta-eval output under output_uri/id-test: pointwise ratings that order gold pair `id` right iff
     right[id] (rated the other way round when wrong; a pair not in `right` is not judged at all), with the gold as
-    upstream, as run_stage records it."""
+    upstream, as run_stage records it. balanced: pairwise rows too, whose balanced verdict is right iff
+    balanced[id] and whose strict verdict is always wrong (_position_biased)."""
     inputs = _inputs(gold_uri)
     rows = []
     for g in read_rows(inputs[0]):
@@ -55,5 +68,7 @@ def write_judged(output_uri: str, gold_uri: str, right: dict[str, bool]) -> None
             a, b = g["candidate_ids"]
             rows += [_judgment(g["prompt_id"], [a], "judge", score=4.0 if ok else 2.0),
                      _judgment(g["prompt_id"], [b], "judge", score=2.0 if ok else 4.0)]
+        if balanced and g["judgment_id"] in balanced:
+            rows += _position_biased(g["prompt_id"], g["candidate_ids"], balanced[g["judgment_id"]])
     write_dataset(storage.join(output_uri, SPLIT), "judgment", rows, config_hash="test", producer="test",
                   upstream=[read_manifest(uri) for uri in inputs])

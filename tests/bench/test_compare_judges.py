@@ -46,3 +46,19 @@ def test_runs_with_other_gold_or_a_missing_iteration_are_refused_by_name(tmp_pat
         bench.run(a, other, [0], [0], "all/pointwise_ranking/accuracy", splits=("id-test",))
     with pytest.raises(SystemExit, match="iteration 3: cannot read the meta-eval"):
         bench.run(a, a, [0], [3], "all/pointwise_ranking/accuracy", splits=("id-test",))
+
+
+def test_one_runs_judge_read_two_ways_is_compared_on_the_pairs_both_score(tmp_path):
+    # pointwise ratings right on pairs 0-5 of 8; balanced pairwise verdicts right on 0-2 and 6-7, strict ones never
+    cfg = load_config(None, [f"run.workdir={tmp_path / 'a'}"])
+    gold = paths(cfg, 0)["gold"]
+    ids = write_gold(gold, 8)
+    write_judged(paths(cfg, 0)["meta-eval"], gold, {i: n < 6 for n, i in enumerate(ids)},
+                 balanced={i: n < 3 or n >= 6 for n, i in enumerate(ids)})
+    rows = dict(bench.run(cfg, cfg, [0], [0], "all/pairwise_balanced/accuracy", splits=("id-test",),
+                          name_b="all/pointwise_ranking/accuracy"))
+    r = rows["id-test 000 vs 000"]
+    assert (r["n"], r["a"], r["b"], r["better"], r["worse"]) == (8, 5 / 8, 6 / 8, 2, 3)
+    strict = dict(bench.run(cfg, cfg, [0], [0], "all/pairwise_balanced/accuracy", splits=("id-test",),
+                            name_b="all/pairwise/accuracy"))["id-test 000 vs 000"]
+    assert (strict["a"], strict["b"], strict["better"], strict["worse"]) == (5 / 8, 0.0, 5, 0)
