@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import socket
@@ -54,6 +55,33 @@ def init_ray(cfg: Config) -> None:
             os.environ.pop("RAY_GCS_SERVER_PORT", None)  # only needed to start the GCS; never leak it
     log.info("ray: %s (%s CPUs, %s GPUs)", address or "embedded", ray.cluster_resources().get("CPU"),
              ray.cluster_resources().get("GPU", 0))
+
+
+def worker_logging() -> None:
+    """Show this package's INFO logs from inside a Ray task or Train worker. A worker process's root logger is
+    Python's default (WARNING, no handler), so without this a task's progress (a base model's build steps, a
+    training's held-out evaluations) never reaches the driver. Ray forwards the worker's stderr to the driver's
+    output, prefixed with the task's name and pid. Only the `flywheel` logger, so libraries stay as quiet as they
+    were; it does not propagate, so a root logger set up later cannot print a line twice. Idempotent."""
+    logger = logging.getLogger("flywheel")
+    if any(getattr(h, "flywheel_worker", False) for h in logger.handlers):
+        return
+    handler = logging.StreamHandler()
+    handler.flywheel_worker = True
+    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+
+
+def logged(fn):
+    """`fn` with worker_logging() first: what a remote task of ours runs (`ray.remote(logged(fn))`). The task
+    keeps fn's name in Ray's dashboard and log prefixes."""
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        worker_logging()
+        return fn(*args, **kwargs)
+    return run
 
 
 def remote_options(res: StageResources) -> dict:
