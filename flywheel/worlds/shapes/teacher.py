@@ -7,8 +7,8 @@ prompt record (its `meta` holds the scene or draw spec), the candidate record(s)
 step needs (aspect, order, aspect group, rubric, extraction, ...). The teacher never reads the request's text. It
 assesses each candidate (flywheel/worlds/shapes/assess.py: findings, aspect values, gold scores; rubric criteria
 and decomposed questions come from flywheel/worlds/shapes/teacher_items.py), builds the protocol's structured
-judgment and formats it with the protocol module, so the protocol's parser always accepts the answer. A context it cannot judge from raises `TeacherError` (the engine turns it into a per-item error),
-never a made-up judgment.
+judgment and formats it with the protocol module, so the protocol's parser always accepts the answer. A context
+it cannot judge from raises `TeacherError` (the engine turns it into a per-item error), never a made-up judgment.
 
 Errors (TeacherConfig): each answer draws, from a stream seeded by (teacher seed, engine seed, item, sample k),
 whether it errs and how - so the k samples of one item differ as an annotator's would, and a re-run gives the
