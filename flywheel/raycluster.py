@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-import functools
+import json
 import logging
 import os
 import socket
 
 import ray
 
+from flywheel import worker_logging
 from flywheel.config import Config, StageResources
 
 log = logging.getLogger(__name__)
-
 
 _EMBEDDED_ADDRESS: str | None = None  # the address of the embedded Ray this process started, if any
 
@@ -29,6 +29,18 @@ def embedded_ray() -> bool:
             and ray.get_runtime_context().gcs_address == _EMBEDDED_ADDRESS)
 
 
+def worker_env() -> dict:
+    """The job's runtime_env from ray.init: every worker process of the job shows our INFO progress (see
+    worker_logging). Ray merges it into a `ray job submit` job's own (its working_dir, pip, ...), and refuses a
+    field set in both: a job that brings its own setup hook keeps it, without our worker logs."""
+    job = json.loads(os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR") or "{}").get("runtime_env") or {}
+    if job.get("worker_process_setup_hook"):
+        log.info("ray: the job sets its own worker_process_setup_hook (%s); workers' flywheel INFO lines are not "
+                 "shown", job["worker_process_setup_hook"])
+        return {}
+    return {"worker_process_setup_hook": worker_logging.HOOK}
+
+
 def init_ray(cfg: Config) -> None:
     """Join the configured cluster, or start an embedded Ray when `ray.address` is null. Idempotent."""
     global _EMBEDDED_ADDRESS
@@ -39,7 +51,7 @@ def init_ray(cfg: Config) -> None:
     env = os.environ.get("RAY_ADDRESS")
     address = cfg.ray.address or (env if env and env != _EMBEDDED_ADDRESS else None)
     if address is not None:
-        ray.init(address=address, log_to_driver=True)
+        ray.init(address=address, log_to_driver=True, runtime_env=worker_env())
     else:
         # A private instance that never attaches to another cluster on the box. Its dashboard runs (on a free
         # port) and RAY_ADDRESS points at it for every child process: Ray Train's placement-group cleaner asks
@@ -50,38 +62,11 @@ def init_ray(cfg: Config) -> None:
         _EMBEDDED_ADDRESS = os.environ["RAY_ADDRESS"] = f"{ray.util.get_node_ip_address()}:{port}"
         try:
             ray.init(address="local", num_cpus=cfg.ray.num_cpus, include_dashboard=True, dashboard_port=0,
-                     log_to_driver=True)
+                     log_to_driver=True, runtime_env=worker_env())
         finally:
             os.environ.pop("RAY_GCS_SERVER_PORT", None)  # only needed to start the GCS; never leak it
     log.info("ray: %s (%s CPUs, %s GPUs)", address or "embedded", ray.cluster_resources().get("CPU"),
              ray.cluster_resources().get("GPU", 0))
-
-
-def worker_logging() -> None:
-    """Show this package's INFO logs from inside a Ray task or Train worker. A worker process's root logger is
-    Python's default (WARNING, no handler), so without this a task's progress (a base model's build steps, a
-    training's held-out evaluations) never reaches the driver. Ray forwards the worker's stderr to the driver's
-    output, prefixed with the task's name and pid. Only the `flywheel` logger, so libraries stay as quiet as they
-    were; it does not propagate, so a root logger set up later cannot print a line twice. Idempotent."""
-    logger = logging.getLogger("flywheel")
-    if any(getattr(h, "flywheel_worker", False) for h in logger.handlers):
-        return
-    handler = logging.StreamHandler()
-    handler.flywheel_worker = True
-    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    logger.propagate = False
-
-
-def logged(fn):
-    """`fn` with worker_logging() first: what a remote task of ours runs (`ray.remote(logged(fn))`). The task
-    keeps fn's name in Ray's dashboard and log prefixes."""
-    @functools.wraps(fn)
-    def run(*args, **kwargs):
-        worker_logging()
-        return fn(*args, **kwargs)
-    return run
 
 
 def remote_options(res: StageResources) -> dict:

@@ -1,7 +1,9 @@
-"""Logs from inside Ray tasks: a worker's root logger is Python's default (WARNING, no handler), so the package's
-INFO progress lines (a base model's build steps, a training's held-out evaluations) are lost unless the task sets
-its logging up (raycluster.worker_logging / logged). Ray forwards a worker's stderr to the driver."""
+"""Logs from inside Ray workers: a worker's root logger is Python's default (WARNING, no handler), so the package's
+INFO progress lines (a base model's build steps, a training's held-out evaluations) are lost unless the worker sets
+its logging up. init_ray makes Ray do that in every worker process of the job (worker_logging.setup as the
+job's worker_process_setup_hook). Ray forwards a worker's stderr to the driver."""
 
+import json
 import logging
 import subprocess
 import sys
@@ -9,19 +11,27 @@ import sys
 import pytest
 import ray
 
-from flywheel.raycluster import logged
+from flywheel import raycluster
+from flywheel.raycluster import init_ray, worker_env
 
 
 @pytest.fixture(scope="module")
-def one_cpu_ray():
-    ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
+def flywheel_ray(cfg):
+    assert not ray.is_initialized()
+    # init_ray points RAY_ADDRESS at its embedded Ray and remembers it as its own: both restored afterwards, or a
+    # later test's init_ray would take an address an earlier embedded Ray left behind for a cluster to join
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(raycluster, "_EMBEDDED_ADDRESS", raycluster._EMBEDDED_ADDRESS)
+        mp.setenv("RAY_ADDRESS", "")  # tracked, so that leaving removes the address init_ray sets
+        mp.delenv("RAY_ADDRESS")
+        init_ray(cfg.model_copy(update={"ray": cfg.ray.model_copy(update={"address": None, "num_cpus": 1})}))
+        yield
+        ray.shutdown()
 
 
-def test_a_logged_task_shows_info_lines_once_and_a_bare_one_does_not(one_cpu_ray):
+def test_every_worker_of_a_flywheel_ray_shows_info_lines_once(flywheel_ray):
     def _flywheel_logging() -> tuple[int, int]:  # defined here: Ray ships it by value (tests are no package)
-        """Inside a task: a `flywheel` logger's effective level and how many handlers a line of it reaches."""
+        """In a worker: a `flywheel` logger's effective level and how many handlers a line of it reaches."""
         logger = logging.getLogger("flywheel.stages.base_models")
         handlers, node = 0, logger
         while node is not None:
@@ -29,19 +39,34 @@ def test_a_logged_task_shows_info_lines_once_and_a_bare_one_does_not(one_cpu_ray
             node = node.parent if node.propagate else None
         return logger.getEffectiveLevel(), handlers
 
-    bare = ray.get(ray.remote(num_cpus=0)(_flywheel_logging).remote())
-    assert bare[0] == logging.WARNING  # the default this guards against: INFO dropped
-    task = ray.remote(num_cpus=0)(logged(_flywheel_logging))
-    assert ray.get(task.remote()) == (logging.INFO, 1)
+    task = ray.remote(num_cpus=0)(_flywheel_logging)
+    assert ray.get(task.remote()) == (logging.INFO, 1)  # without the hook: (WARNING, 0), every INFO line dropped
     assert ray.get(task.remote()) == (logging.INFO, 1)  # a reused worker process: still one handler, no repeats
-    assert logged(_flywheel_logging).__name__ == "_flywheel_logging"  # Ray names the task after it
+
+    @ray.remote(num_cpus=0)
+    class Actor:  # Ray Data's actors, Ray Train's workers and Serve's replicas are actors like this one
+        def level(self):
+            return _flywheel_logging()
+
+    assert ray.get(Actor.remote().level.remote()) == (logging.INFO, 1)
 
 
-def test_worker_logging_writes_each_line_once_to_stderr():
+def test_worker_logging_setup_writes_each_line_once_to_stderr():
     # in a child process: it changes the process's `flywheel` logger, which this test process must keep as is
     # a root handler set up afterwards (as a library might) prints no line twice; others' INFO stays quiet
-    code = ("import logging; from flywheel.raycluster import worker_logging; worker_logging(); worker_logging(); "
+    code = ("import logging; from flywheel.worker_logging import setup; setup(); setup(); "
             "logging.basicConfig(level=logging.WARNING); logging.getLogger('flywheel.x').info('step 3/10'); "
             "logging.getLogger('transformers').info('not ours')")
     err = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stderr
     assert err.splitlines() == ["INFO flywheel.x: step 3/10"]
+
+
+def test_a_submitted_job_keeps_its_own_setup_hook(monkeypatch, caplog):
+    # Ray merges ray.init's runtime_env into the submitted job's and refuses a field set in both
+    monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", json.dumps({"runtime_env": {"working_dir": "gcs://_ray_pkg_x"}}))
+    assert worker_env() == {"worker_process_setup_hook": "flywheel.worker_logging.setup"}
+    monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", json.dumps(
+        {"runtime_env": {"working_dir": "gcs://_ray_pkg_x", "worker_process_setup_hook": "theirs.setup"}}))
+    with caplog.at_level(logging.INFO, logger="flywheel.raycluster"):
+        assert worker_env() == {}
+    assert "theirs.setup" in caplog.text

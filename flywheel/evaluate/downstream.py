@@ -133,10 +133,10 @@ def _add_judge_scores(cfg: Config, judge: str, out: Downstream, prompts: list[di
 def _remote(fn, cfg: Config, ref: str, judge: str | None) -> Downstream:
     import ray
 
-    from flywheel.raycluster import init_ray, logged, remote_options
+    from flywheel.raycluster import init_ray, remote_options
 
     init_ray(cfg)
-    return ray.get(ray.remote(logged(fn)).options(**remote_options(cfg.resources.candidates)).remote(cfg, ref, judge))
+    return ray.get(ray.remote(fn).options(**remote_options(cfg.resources.candidates)).remote(cfg, ref, judge))
 
 
 def _identity(cfg: Config, ref: str) -> str | None:

@@ -15,7 +15,7 @@ import ray
 
 from flywheel.config import Config
 from flywheel.models.zoo import build_world, world_built, world_models, zoo_root
-from flywheel.raycluster import init_ray, logged, remote_options
+from flywheel.raycluster import init_ray, remote_options
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +37,7 @@ def run(cfg: Config) -> dict[str, tuple[Path, dict]]:
         opts["num_cpus"] = largest
     log.info("base models: building %s in a Ray task (%s CPUs) into %s", ", ".join(due), opts["num_cpus"],
              zoo_root(cfg))
-    return ray.get(ray.remote(logged(build_world)).options(**opts).remote(cfg))  # its progress shows
+    return ray.get(ray.remote(build_world).options(**opts).remote(cfg))
 
 
 def log_to_mlflow(built: dict[str, tuple[Path, dict]]) -> None:

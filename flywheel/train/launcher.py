@@ -137,10 +137,8 @@ def worker_main(job: dict) -> None:
     """The function every Ray Train worker runs: dispatch to the training, handle the guard's stop."""
     import torch
 
-    from flywheel.raycluster import worker_logging
     from flywheel.train.worker import WorkerContext
 
-    worker_logging()  # the training's progress (held-out evaluations, the guard) reaches the driver
     ctx = WorkerContext(job)
     # Ray sets OMP_NUM_THREADS from the worker's CPUs; torch must follow it, or threads oversubscribe the node.
     threads = int(os.environ.get("OMP_NUM_THREADS", "0") or 0)

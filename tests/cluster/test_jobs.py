@@ -66,6 +66,9 @@ def test_iteration_job_records_an_iteration_with_its_stages_in_mlflow(local_ray_
     gcs_port = local_ray_cluster.gcs_address.rsplit(":", 1)[1]
     assert re.search(rf"ray: [\w.:-]+:{gcs_port} \(2\.0 CPUs", text), text[-3000:]
     assert "ray: embedded" not in text
+    # every worker process of the job shows our INFO progress (worker_logging, merged into the job's runtime_env)
+    assert re.search(r"RayTrainWorker pid=\d+\)\S* INFO flywheel\.train", text), text[-3000:]
+    assert re.search(r"ServeReplica:\S+ pid=\d+\)\S* INFO flywheel\.serve\.app: judge replica", text), text[-3000:]
 
     client = MlflowClient(tracking_uri=f"sqlite:///{j['db']}")
     exp = client.get_experiment_by_name("flywheel-local")
