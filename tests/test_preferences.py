@@ -65,6 +65,7 @@ def test_without_a_champion_nothing_is_ranked(pcfg):
     assert res.counts["pref_skipped_no_champion"] == 1
 
 
+@pytest.mark.slow  # ~140 s on 2 cores; the `ray job submit` iteration test labels its pool through Serve too
 def test_candidates_are_judged_through_serve_by_the_champion(pcfg, zoo, monkeypatch):
     from ray import serve
 

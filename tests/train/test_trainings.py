@@ -250,6 +250,7 @@ def test_resume_after_kill_neither_skips_nor_repeats_data(judge_sft, killed_run,
     assert resumed.final["loss"] == pytest.approx(reference.final["loss"], rel=1e-4)
 
 
+@pytest.mark.slow  # ~140 s on 2 cores (three trainings); the LoRA resume above stays in the default suite
 def test_a_resumed_full_fine_tune_goes_on_from_its_checkpointed_weights(ray_local, overrides, make_cfg, datasets,
                                                                          tmp_path):
     """transformers 5 checkpoints Qwen2-VL in the hub's key layout; the Trainer's own resume then loaded none of
