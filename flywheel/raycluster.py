@@ -43,7 +43,6 @@ def worker_env() -> dict:
 
 def init_ray(cfg: Config) -> None:
     """Join the configured cluster, or start an embedded Ray when `ray.address` is null. Idempotent."""
-    global _EMBEDDED_ADDRESS
     if ray.is_initialized():
         return
     # A job started by `ray job submit` runs inside the cluster: RAY_ADDRESS is set and must win (unless it is
@@ -53,20 +52,26 @@ def init_ray(cfg: Config) -> None:
     if address is not None:
         ray.init(address=address, log_to_driver=True, runtime_env=worker_env())
     else:
-        # A private instance that never attaches to another cluster on the box. Its dashboard runs (on a free
-        # port) and RAY_ADDRESS points at it for every child process: Ray Train's placement-group cleaner asks
-        # the state API whether a run's controller is alive and kills the run when the answer is "not found",
-        # which is what it gets with no dashboard, or from another cluster's dashboard.
-        port = free_port()
-        os.environ["RAY_GCS_SERVER_PORT"] = str(port)
-        _EMBEDDED_ADDRESS = os.environ["RAY_ADDRESS"] = f"{ray.util.get_node_ip_address()}:{port}"
-        try:
-            ray.init(address="local", num_cpus=cfg.ray.num_cpus, include_dashboard=True, dashboard_port=0,
-                     log_to_driver=True, runtime_env=worker_env())
-        finally:
-            os.environ.pop("RAY_GCS_SERVER_PORT", None)  # only needed to start the GCS; never leak it
+        start_embedded(cfg.ray.num_cpus, runtime_env=worker_env())
     log.info("ray: %s (%s CPUs, %s GPUs)", address or "embedded", ray.cluster_resources().get("CPU"),
              ray.cluster_resources().get("GPU", 0))
+
+
+def start_embedded(num_cpus: int | None, *, log_to_driver: bool = True, runtime_env: dict | None = None) -> str:
+    """Start a private Ray that never attaches to another cluster on the box, and return its address. Its
+    dashboard runs (on a free port) and RAY_ADDRESS points at it for every child process: Ray Train's
+    placement-group cleaner asks the state API whether a run's controller is alive and kills the run when the
+    answer is "not found", which is what it gets with no dashboard, or from another cluster's dashboard."""
+    global _EMBEDDED_ADDRESS
+    port = free_port()
+    os.environ["RAY_GCS_SERVER_PORT"] = str(port)
+    _EMBEDDED_ADDRESS = os.environ["RAY_ADDRESS"] = f"{ray.util.get_node_ip_address()}:{port}"
+    try:
+        ray.init(address="local", num_cpus=num_cpus, include_dashboard=True, dashboard_port=0,
+                 log_to_driver=log_to_driver, runtime_env=runtime_env)
+    finally:
+        os.environ.pop("RAY_GCS_SERVER_PORT", None)  # only needed to start the GCS; never leak it
+    return _EMBEDDED_ADDRESS
 
 
 def remote_options(res: StageResources) -> dict:

@@ -22,26 +22,19 @@ BASE_OVERRIDES = [
 
 @pytest.fixture(scope="package")
 def ray_local():
-    import os
-    import sys
-
     import ray
 
-    sys.path.insert(0, os.path.dirname(__file__))
-    from private_ray import init_private_ray
+    from flywheel import raycluster
 
     started = not ray.is_initialized()
-    saved = {k: os.environ.get(k) for k in ("RAY_ADDRESS", "RAY_GCS_SERVER_PORT")}
-    if started:
-        init_private_ray(num_cpus=2)
-    yield
-    if started:
-        ray.shutdown()
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(raycluster, "_EMBEDDED_ADDRESS", raycluster._EMBEDDED_ADDRESS)
+        if started:
+            mp.delenv("RAY_ADDRESS", raising=False)  # so that the address start_embedded sets is undone at exit
+            raycluster.start_embedded(2, log_to_driver=False)
+        yield
+        if started:
+            ray.shutdown()
 
 
 @pytest.fixture(scope="package")

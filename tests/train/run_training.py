@@ -7,13 +7,12 @@ import json
 import sys
 
 from flywheel.config import REPO_ROOT, load_config
+from flywheel.raycluster import start_embedded
 from flywheel.train.api import train
 
 
 def main() -> None:
-    from private_ray import init_private_ray  # beside this script
-
-    init_private_ray(num_cpus=2)
+    start_embedded(2, log_to_driver=False)
     spec = json.loads(sys.argv[1])
     cfg = load_config(REPO_ROOT / "configs" / "local.yaml", spec["overrides"])
     result = train(cfg, spec["training"], spec["data"], run_name=spec["run_name"], register=False)
