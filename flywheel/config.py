@@ -351,7 +351,8 @@ class GateConfig(StrictModel):
         "one-sided test on the gold pairs both judges were scored on gives p < judge_alpha (one run's accuracy on "
         "~200 gold pairs varies by a few points: the margin alone promotes noise); `none`: the margin alone. Needs "
         "a per-pair accuracy as judge_metric (.../pairwise/accuracy, .../pointwise_ranking/accuracy or "
-        ".../pairwise_balanced/accuracy).")
+        ".../pairwise_balanced/accuracy). With `none` the test still runs where it can, and its p goes into the "
+        "decision's reason without deciding anything.")
     judge_alpha: float = Field(0.05, gt=0, lt=1, description="Significance level of judge_test.")
     judge_baseline: bool = Field(
         True, description="Iteration 0 (no champion judge yet): meta-evaluate the configured base judge too, and "

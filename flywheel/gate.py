@@ -48,8 +48,8 @@ class Decision:
     margin: float
     promoted: bool
     reason: str
-    # The paired test (gate.judge_test, gate.downstream_test): None when it was not run (margin rule alone, or
-    # nothing to compare item by item)
+    # The paired test (gate.judge_test, gate.downstream_test): None when it was not run (nothing to compare item by
+    # item, or no champion value); with the margin rule alone it runs for the record and decides nothing
     alpha: float | None = None  # the level asked for; None: the margin rule alone
     test: str | None = None  # "McNemar" (right/wrong per item) or "Wilcoxon" (scores per item)
     better: int | None = None  # items the challenger got right and the champion wrong (McNemar's b) / scored higher
@@ -206,7 +206,8 @@ def _champion(cfg: Config, name: str, metric: str, baseline: tuple[str, float] |
 def _rule(metric: str, value: float, champ_value: float, margin: float, alpha: float | None,
           paired: Paired | None) -> tuple[bool, str, tuple[str, int, int, float] | None]:
     """(promoted, reason, the paired test's (test, better, worse, p) if it ran): the margin rule, then, with
-    `alpha`, the paired test."""
+    `alpha`, the paired test. Without `alpha` the test still runs where it can and its outcome goes into the
+    reason, so that a promotion within noise reads as one."""
     if math.isnan(value):
         return False, f"{metric} of the challenger is undefined (NaN)", None
     if not (math.isnan(champ_value) or value > champ_value + margin):  # "beats": strictly better
@@ -217,8 +218,6 @@ def _rule(metric: str, value: float, champ_value: float, margin: float, alpha: f
         beats = f"{metric} {value:.4f} > champion {champ_value:.4f} + margin {margin}"
     else:
         beats = f"{metric} {value:.4f}, no champion or baseline to beat yet"
-    if alpha is None:
-        return True, beats, None
     try:
         if not math.isfinite(champ_value):
             raise Untestable("no champion value to test against")
@@ -226,8 +225,10 @@ def _rule(metric: str, value: float, champ_value: float, margin: float, alpha: f
             raise Untestable("no per-item values to compare")
         test, b, c, p = paired()
     except Untestable as e:
-        return True, f"{beats}; paired test not run ({e}): margin rule", None
+        return True, beats if alpha is None else f"{beats}; paired test not run ({e}): margin rule", None
     counts = f"b={b} c={c}" if test == "McNemar" else f"{b} items higher, {c} lower"
+    if alpha is None:
+        return True, f"{beats}, by the margin alone ({test} {counts} p={p:.2g}, not required)", (test, b, c, p)
     if p < alpha:
         return True, f"{beats} and {test} {counts} p={p:.2g} < alpha {alpha}", (test, b, c, p)
     return False, f"{beats} but {test} {counts} p={p:.2g} ≥ alpha {alpha}: champion stays", (test, b, c, p)
