@@ -2,8 +2,9 @@
 
 The store is built with the real code: Tracker's parent and stage runs, `flywheel.review.log_gallery` on PIL-drawn
 images, `flywheel.iteration._summarize` on an IterationResult with gate Decisions. The browser tests need a
-Chromium binary (Debian: `apt-get install -y chromium`); without one they skip — unless FLYWHEEL_REQUIRE_CHROMIUM=1,
-which turns the skip into a failure on machines that are meant to run them. The negative tests make sure the check
+Chromium binary (`bash scripts/install_chromium.sh` installs Debian's); without one they skip — unless
+FLYWHEEL_REQUIRE_CHROMIUM=1, which turns the skip into a failure on machines that are meant to run them (.ci/run
+sets it once it has installed chromium). The negative tests make sure the check
 is not vacuous: a run without the description, and one without a gallery, must fail it.
 """
 
@@ -45,7 +46,7 @@ def chromium_binary() -> str:
     except ui.SetupError as e:
         if os.environ.get("FLYWHEEL_REQUIRE_CHROMIUM") == "1":
             pytest.fail(f"FLYWHEEL_REQUIRE_CHROMIUM=1 but {e}")
-        pytest.skip("no chromium binary on this machine (CI images may lack it): apt-get install -y chromium to run "
+        pytest.skip("no chromium binary on this machine: `bash scripts/install_chromium.sh` installs Debian's to run "
                     "the MLflow UI check; set FLYWHEEL_REQUIRE_CHROMIUM=1 to make this a failure instead of a skip")
 
 
