@@ -30,7 +30,8 @@ def ray_local():
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(raycluster, "_EMBEDDED_ADDRESS", raycluster._EMBEDDED_ADDRESS)
         if started:
-            mp.delenv("RAY_ADDRESS", raising=False)  # so that the address start_embedded sets is undone at exit
+            mp.setenv("RAY_ADDRESS", "")  # tracked (delenv of an unset name is not), so that leaving undoes the
+            mp.delenv("RAY_ADDRESS")      # address start_embedded sets
             raycluster.start_embedded(2, log_to_driver=False)
         yield
         if started:
