@@ -57,11 +57,11 @@ def init_ray(cfg: Config) -> None:
              ray.cluster_resources().get("GPU", 0))
 
 
-def start_embedded(num_cpus: int | None, *, log_to_driver: bool = True, runtime_env: dict | None = None) -> str:
-    """Start a private Ray that never attaches to another cluster on the box, and return its address. Its
-    dashboard runs (on a free port) and RAY_ADDRESS points at it for every child process: Ray Train's
-    placement-group cleaner asks the state API whether a run's controller is alive and kills the run when the
-    answer is "not found", which is what it gets with no dashboard, or from another cluster's dashboard."""
+def start_embedded(num_cpus: int | None, *, log_to_driver: bool = True, runtime_env: dict | None = None) -> None:
+    """Start a private Ray that never attaches to another cluster on the box. Its dashboard runs (on a free port)
+    and RAY_ADDRESS points at it for every child process: Ray Train's placement-group cleaner asks the state API
+    whether a run's controller is alive and kills the run when the answer is "not found", which is what it gets
+    with no dashboard, or from another cluster's dashboard."""
     global _EMBEDDED_ADDRESS
     port = free_port()
     os.environ["RAY_GCS_SERVER_PORT"] = str(port)
@@ -71,7 +71,6 @@ def start_embedded(num_cpus: int | None, *, log_to_driver: bool = True, runtime_
                  log_to_driver=log_to_driver, runtime_env=runtime_env)
     finally:
         os.environ.pop("RAY_GCS_SERVER_PORT", None)  # only needed to start the GCS; never leak it
-    return _EMBEDDED_ADDRESS
 
 
 def remote_options(res: StageResources) -> dict:

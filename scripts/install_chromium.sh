@@ -3,7 +3,7 @@
 # iteration's summary and galleries as a person would. A no-op where a Chromium is on PATH. Exits 0 when one is
 # there afterwards, 1 (saying why) when not: installing needs apt-get and root (or password-less sudo).
 set -uo pipefail
-found() {
+found() {  # the names scripts/check_mlflow_ui.py looks for (CHROMIUM_NAMES)
   for b in chromium chromium-browser google-chrome google-chrome-stable; do
     if command -v "$b" >/dev/null; then echo "chromium: $(command -v "$b")"; return 0; fi
   done
