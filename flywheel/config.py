@@ -89,6 +89,9 @@ class ZooConfig(StrictModel):
     judge_text_layers: int | None = Field(
         None, ge=1, description="Decoder layers of the judge's language model alone; null uses text_layers. "
         "The judge compares what it reads with what it sees, which may need more depth than the policy.")
+    judge_text_hidden: int | None = Field(
+        None, ge=32, description="Hidden size of the judge's language model alone (and its vision merger's output); "
+        "null uses text_hidden. A wider judge for the checks a 128-wide one could not learn (docs/tuning.md).")
     text_heads: int = Field(4, description="Attention heads; hidden/heads must be ≥ 32 for vLLM's CPU attention.")
     vision_hidden: int = Field(64, description="Width of the tiny vision towers.")
     vision_layers: int = Field(2, description="Depth of the tiny vision towers.")

@@ -65,9 +65,10 @@ def zoo_root(cfg: Config) -> Path:
 
 def spec_hash(zoo: ZooConfig, seed: int, name: str) -> str:
     # Only the judge reads the judge_* sizes: leaving them out of the others' hash keeps their caches valid, and
-    # an unset judge_text_layers is left out of the judge's so that judges built before it existed stay valid.
-    judge_only = {"judge_image_size", "judge_text_layers"}
-    exclude = ({"judge_text_layers"} if zoo.judge_text_layers is None else set()) if name == "judge" else judge_only
+    # an unset judge_text_* size is left out of the judge's so that judges built before it existed stay valid.
+    judge_only = {"judge_image_size", "judge_text_layers", "judge_text_hidden"}
+    unset = {k for k in ("judge_text_layers", "judge_text_hidden") if getattr(zoo, k) is None}
+    exclude = unset if name == "judge" else judge_only
     sizes = zoo.model_dump(mode="json", exclude=exclude)
     blob = json.dumps({"zoo": sizes, "seed": seed, "version": ZOO_VERSIONS[name]}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
@@ -173,11 +174,13 @@ def _check_sizes(z: ZooConfig) -> None:
     for key in ("image_size", "judge_image_size"):
         if getattr(z, key) % 28:
             raise ValueError(f"models.zoo.{key}={getattr(z, key)}: must be a multiple of 28 (14-px patches, 2x2 merge)")
-    if z.text_hidden % z.text_heads or z.text_hidden // z.text_heads < 32:
-        raise ValueError(
-            f"models.zoo: text_hidden/text_heads = {z.text_hidden}/{z.text_heads} must divide evenly into a "
-            "head_dim of at least 32 (vLLM's CPU attention)"
-        )
+    for key in ("text_hidden", "judge_text_hidden"):
+        hidden = getattr(z, key)
+        if hidden is not None and (hidden % z.text_heads or hidden // z.text_heads < 32):
+            raise ValueError(
+                f"models.zoo: {key}/text_heads = {hidden}/{z.text_heads} must divide evenly into a "
+                "head_dim of at least 32 (vLLM's CPU attention)"
+            )
 
 
 def build_judge(z: ZooConfig, out: Path) -> None:
@@ -197,19 +200,20 @@ def build_judge(z: ZooConfig, out: Path) -> None:
         tokenizer=tok, chat_template=QWEN_CHAT_TEMPLATE,
     )
     ids = {s: tok.convert_tokens_to_ids(s) for s in QWEN_SPECIALS}
-    head_dim = z.text_hidden // z.text_heads
+    hidden = z.judge_text_hidden or z.text_hidden
+    head_dim = hidden // z.text_heads
     half = head_dim // 2  # mrope sections (temporal, height, width) must sum to head_dim / 2
     mrope = [half - 2 * (half * 3 // 8), half * 3 // 8, half * 3 // 8]
     config = Qwen2VLConfig(
         text_config=dict(
-            vocab_size=len(tok), hidden_size=z.text_hidden, intermediate_size=2 * z.text_hidden,
+            vocab_size=len(tok), hidden_size=hidden, intermediate_size=2 * hidden,
             num_hidden_layers=z.judge_text_layers or z.text_layers, num_attention_heads=z.text_heads,
             num_key_value_heads=z.text_heads, max_position_embeddings=4096, rope_scaling={"type": "mrope", "mrope_section": mrope},
             tie_word_embeddings=True, bos_token_id=None, eos_token_id=ids["<|im_end|>"],
             pad_token_id=ids["<|endoftext|>"],
         ),
         vision_config=dict(
-            depth=z.vision_layers, embed_dim=z.vision_hidden, hidden_size=z.text_hidden,  # merger out = text width
+            depth=z.vision_layers, embed_dim=z.vision_hidden, hidden_size=hidden,  # merger out = text width
             num_heads=max(1, z.vision_hidden // 32), mlp_ratio=2, patch_size=14, spatial_merge_size=2,
             temporal_patch_size=2, in_channels=3,
         ),

@@ -154,24 +154,36 @@ def test_judge_pixel_budget_only_renames_the_judge(tmp_path):
     assert zoo_path(a, "policy") == zoo_path(b, "policy") and zoo_path(a, "generator") == zoo_path(b, "generator")
 
 
-def test_judge_depth_is_its_own_and_renames_only_the_judge(tmp_path):
-    """models.zoo.judge_text_layers deepens the judge's language model alone. Unset, the judge's cache key is what
-    it was before the field existed (cached judges and the bases trained from them stay valid)."""
+@pytest.mark.parametrize("key, value, config_key", [
+    ("judge_text_layers", 3, "num_hidden_layers"), ("judge_text_hidden", 256, "hidden_size")])
+def test_judge_lm_size_is_its_own_and_renames_only_the_judge(tmp_path, key, value, config_key):
+    """models.zoo.judge_text_layers / judge_text_hidden size the judge's language model alone. Unset, the judge's
+    cache key is what it was before the fields existed (cached judges and the bases trained from them stay valid)."""
     import json
 
     from flywheel.models.zoo import ZOO_VERSIONS, build_judge, zoo_path
 
     unset = load_config(None, [f"run.workdir={tmp_path}"])
-    deep = load_config(None, [f"run.workdir={tmp_path}", "models.zoo.judge_text_layers=3"])
-    assert zoo_path(unset, "judge") != zoo_path(deep, "judge")
-    assert all(zoo_path(unset, n) == zoo_path(deep, n) for n in ("policy", "generator"))
-    sizes = unset.models.zoo.model_dump(mode="json", exclude={"judge_text_layers"})
+    sized = load_config(None, [f"run.workdir={tmp_path}", f"models.zoo.{key}={value}"])
+    assert zoo_path(unset, "judge") != zoo_path(sized, "judge")
+    assert all(zoo_path(unset, n) == zoo_path(sized, n) for n in ("policy", "generator"))
+    sizes = unset.models.zoo.model_dump(mode="json", exclude={"judge_text_layers", "judge_text_hidden"})
     blob = json.dumps({"zoo": sizes, "seed": unset.run.seed, "version": ZOO_VERSIONS["judge"]}, sort_keys=True)
     assert zoo_path(unset, "judge").name == f"judge-{hashlib.sha256(blob.encode()).hexdigest()[:12]}"
 
-    build_judge(deep.models.zoo, tmp_path / "deep")
-    cfg = json.loads((tmp_path / "deep" / "config.json").read_text())
-    assert cfg["text_config"]["num_hidden_layers"] == 3 != unset.models.zoo.text_layers
+    build_judge(sized.models.zoo, tmp_path / "sized")
+    cfg = json.loads((tmp_path / "sized" / "config.json").read_text())
+    assert cfg["text_config"][config_key] == value != getattr(unset.models.zoo, key.removeprefix("judge_"))
+    if key == "judge_text_hidden":  # the vision merger feeds the wider LM
+        assert cfg["vision_config"]["hidden_size"] == value
+
+
+def test_judge_width_must_split_into_heads_vllm_accepts(tmp_path):
+    from flywheel.models.zoo import build_judge
+
+    cfg = load_config(None, [f"run.workdir={tmp_path}", "models.zoo.judge_text_hidden=96"])  # head_dim 24
+    with pytest.raises(ValueError, match="judge_text_hidden/text_heads = 96/4"):
+        build_judge(cfg.models.zoo, tmp_path / "j")
 
 
 def test_build_world_builds_only_the_named_base_policies(tmp_path):
