@@ -38,16 +38,30 @@ def shape_mask(obj: Obj, xs: np.ndarray, ys: np.ndarray) -> np.ndarray:
 def render(scene: Scene, size: int = 56, supersample: int = 4) -> Image.Image:
     """The scene as an RGB image of `size` x `size` px (a multiple of 28); supersample 1 = aliased edges."""
     size = check_size(size)
-    n = size * max(1, int(supersample))
-    c = (np.arange(n) + 0.5) / n  # sample-point centres in [0, 1]
-    xs, ys = np.meshgrid(c, c)  # ys varies along rows: y grows downwards
-    canvas = np.empty((n, n, 3), np.float32)
-    canvas[:] = BACKGROUND
+    k = max(1, int(supersample))
+    n = size * k
+    c = (np.arange(n) + 0.5) / n  # sample-point centres in [0, 1]; y grows downwards
+    canvas = np.tile(np.array(BACKGROUND, np.uint8), (n, n, 1))
     for obj in scene.objects:  # later objects paint over earlier ones (valid layouts never overlap)
-        canvas[shape_mask(obj, xs, ys)] = COLOURS[obj.colour]
-    k = n // size
-    small = canvas.reshape(size, k, size, k, 3).mean(axis=(1, 3))
+        # Only the sample points in the object's box can lie inside it, so test those alone (rendering was most of
+        # a base build's vision pretraining); two spare points a side leave every boundary to shape_mask's test.
+        h = obj.size / 2
+        x0, x1 = _window(c, obj.x, h)
+        y0, y1 = _window(c, obj.y, h)
+        xs, ys = np.meshgrid(c[x0:x1], c[y0:y1])
+        canvas[y0:y1, x0:x1][shape_mask(obj, xs, ys)] = COLOURS[obj.colour]
+    # Box-average k x k samples. The sums are exact integers, and dividing them in float64 before rounding to
+    # float32 is what np.mean of the float32 canvas did, so images are bit-identical to the full-grid renderer's.
+    rows = canvas.reshape(size, k, n * 3).sum(axis=1, dtype=np.uint32)  # contiguous sums first: ~2x faster
+    sums = rows.reshape(size, size, k, 3).sum(axis=2, dtype=np.uint32)
+    small = (sums / float(k * k)).astype(np.float32)
     return Image.fromarray(np.round(small).astype(np.uint8), "RGB")
+
+
+def _window(c: np.ndarray, centre: float, h: float) -> tuple[int, int]:
+    lo = int(np.searchsorted(c, centre - h)) - 2
+    hi = int(np.searchsorted(c, centre + h, side="right")) + 2
+    return max(lo, 0), min(hi, len(c))
 
 
 def render_spec(spec: DrawSpec, rng: RngLike, size: int = 56, config: ShapesWorldConfig | None = None
