@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import time
 from pathlib import Path
 
@@ -61,6 +62,7 @@ def main() -> None:
     ap.add_argument("--stage", choices=["all", "train", "eval"], default="all",
                     help="train: stop after saving <out>/model (no Ray); eval: meta-evaluate an existing <out>/model.")
     args = ap.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")  # a base build's phases
     torch.set_num_threads(2)
 
     from flywheel.config import load_config
