@@ -84,7 +84,8 @@ class ZooConfig(StrictModel):
         "of 28): (side/28)^2 image tokens per image. Measured, 800 steps on the world's 'What colour is the "
         "<shape>?': at 56 px (4 tokens) the tiny judge stayed at chance (0.12), at 112 px it reached 0.56.")
     vocab_size: int = Field(1024, ge=300, description="Target vocabulary of the locally trained byte-level BPE.")
-    text_hidden: int = Field(128, description="Hidden size of the judge's and policy's language models.")
+    text_hidden: int = Field(128, description="Hidden size of the judge's and policy's language models "
+                             "(judge_text_hidden, when set, sizes the judge's).")
     text_layers: int = Field(2, description="Decoder layers of the judge's and policy's language models.")
     judge_text_layers: int | None = Field(
         None, ge=1, description="Decoder layers of the judge's language model alone; null uses text_layers. "
