@@ -66,8 +66,9 @@ def zoo_root(cfg: Config) -> Path:
 def spec_hash(zoo: ZooConfig, seed: int, name: str) -> str:
     # Only the judge reads the judge_* sizes: leaving them out of the others' hash keeps their caches valid, and
     # an unset judge_text_* size is left out of the judge's so that judges built before it existed stay valid.
-    judge_only = {"judge_image_size", "judge_text_layers", "judge_text_hidden"}
-    unset = {k for k in ("judge_text_layers", "judge_text_hidden") if getattr(zoo, k) is None}
+    optional = ("judge_text_layers", "judge_text_hidden")
+    judge_only = {"judge_image_size", *optional}
+    unset = {k for k in optional if getattr(zoo, k) is None}
     exclude = unset if name == "judge" else judge_only
     sizes = zoo.model_dump(mode="json", exclude=exclude)
     blob = json.dumps({"zoo": sizes, "seed": seed, "version": ZOO_VERSIONS[name]}, sort_keys=True)
