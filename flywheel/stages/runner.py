@@ -163,12 +163,10 @@ def run_stage(
             # every batch to one actor (and one node) whatever the pool's size. A block holds a batch's index only:
             # the actor reads the batch's rows from storage.
             ds = ray.data.from_items([{"batch": i} for i in range(n_batches)], override_num_blocks=n_batches)
-            options: dict[str, Any] = {"num_cpus": resources.num_cpus, "num_gpus": resources.num_gpus}
-            if resources.resources:
-                options["resources"] = dict(resources.resources)
-            # A lost node's actors are restarted wherever the resources exist and their batches retried there (Ray
-            # Data's defaults in 2.60, stated here because the stage's exactly-once output depends on them).
-            options |= {"max_restarts": -1, "max_task_retries": -1}
+            # A lost node's actors are restarted wherever the resources exist and their batches retried there: Ray
+            # Data's actor pool defaults (max_restarts=-1, max_task_retries=-1), which the stage's exactly-once
+            # output depends on (tests/stages/test_runner.py checks them). Passing them again here is a deprecated
+            # `ray_remote_args` use in Ray 2.60, removed in 2.64.
             packed = ds.map_batches(
                 _CoreActor,
                 fn_constructor_kwargs={"core_factory": core_factory, "kind": kind, "limits": limits,
@@ -178,7 +176,9 @@ def run_stage(
                 batch_size=1,  # one batch index per call
                 batch_format="pyarrow",
                 compute=ray.data.ActorPoolStrategy(size=resources.actors),
-                **options,
+                num_cpus=resources.num_cpus,
+                num_gpus=resources.num_gpus,
+                resources=dict(resources.resources) or None,
             )
             expected = 0
             for part in packed.iter_rows():  # streamed, in input order (preserve_order): one batch's metadata at a time

@@ -1,9 +1,12 @@
 """The shared Ray Data stage runner, on a trivial core (the real cores are tested without Ray)."""
 
 import sys
+import warnings
 
 import pytest
 import ray
+from ray.data._internal.execution.operators.actor_pool_map_operator import ActorPoolMapOperator
+from ray.util.annotations import RayDeprecationWarning
 
 from flywheel import datasets
 from flywheel.config import StageResources
@@ -53,7 +56,9 @@ def test_stage_maps_quarantines_and_skips_when_up_to_date(ray_local, tmp_path):
     res = StageResources(actors=2, num_cpus=0.5)
     kwargs = dict(inputs=[src.path], output=str(tmp_path / "out"), kind="prompt", resources=res, batch_size=3)
 
-    r1 = run_stage("shout", core_factory=lambda: ShoutCore("!"), stage_hash="h1", **kwargs)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RayDeprecationWarning)  # e.g. `ray_remote_args`, gone in Ray 2.64
+        r1 = run_stage("shout", core_factory=lambda: ShoutCore("!"), stage_hash="h1", **kwargs)
     assert not r1.skipped and r1.rows_in == 12
     # where batches ran (a side channel): this one node, every batch of 3 once, by at most the pool's 2 actors
     [(node, where)] = r1.placement.items()
@@ -72,6 +77,13 @@ def test_stage_maps_quarantines_and_skips_when_up_to_date(ray_local, tmp_path):
     r3 = run_stage("shout", core_factory=lambda: ShoutCore("?"), stage_hash="h2", **kwargs)
     assert not r3.skipped
     assert read_rows(str(tmp_path / "out"))[0]["query"] == "Q0?"
+
+
+def test_ray_data_restarts_lost_actors_and_retries_their_batches_by_default():
+    # run_stage's exactly-once output across node loss relies on these defaults (it no longer passes them): if a Ray
+    # upgrade drops them, this fails before a cluster loses a stage's batches.
+    args = ActorPoolMapOperator._apply_default_remote_args({}, ray.data.DataContext.get_current())
+    assert args["max_restarts"] == -1 and args["max_task_retries"] == -1
 
 
 def _whole_table_run(core, rows, batch_size, kind, uri):
