@@ -58,7 +58,7 @@ def check_row(rng: np.random.Generator, world: ShapesWorldConfig, key: str,
     "teacher" the mention and its value as the trial's analyses did."""
     from flywheel.judge import base, pointwise
     from flywheel.judge.guidelines import get_guideline
-    from flywheel.worlds.shapes.assess import np_
+    from flywheel.worlds.shapes.assessment import np_
     from flywheel.worlds.shapes.render import render
 
     while True:

@@ -4,7 +4,7 @@ pixel statistics, for each image finding of the oracle teacher: blurred, noisy, 
 
 A judge reads its images only through these features: a finding the pixels predict well and the features do not
 is lost, or hidden, in the vision side, and the judge SFT must dig it out. The images are a run's generated
-candidates (ig, itig); the labels are the oracle's own findings on them (flywheel/worlds/shapes/assess.py).
+candidates (ig, itig); the labels are the oracle's own findings on them (flywheel/worlds/shapes/assess_image.py).
 The probes are scikit-learn's (in the project's `test` extra, which `make setup` installs).
 
     .venv/bin/python bench/judge_vision_probe.py --model runs/fr3/models/judge-base-<hash> --workdir runs/fr3
@@ -69,7 +69,8 @@ def load_images(workdir: Path, iterations: list[str], limit: int, world):
     """The run's generated images (ig and itig candidates, read as the stages wrote them: manifests checked) and
     the teacher's findings on each; candidates are streamed, so reading stops at `limit`."""
     from flywheel.datasets import iter_dataset_rows, read_rows
-    from flywheel.worlds.shapes.assess import assess, image_of
+    from flywheel.worlds.shapes.assess import assess
+    from flywheel.worlds.shapes.assessment import image_of
 
     runs = [workdir / "data" / "iterations" / it for it in iterations]
     prompts = {p["prompt_id"]: p for it in runs for p in read_rows(str(it / "prompts"), "prompt")}

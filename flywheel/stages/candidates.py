@@ -17,7 +17,7 @@ import numpy as np
 from flywheel.config import Config
 from flywheel.engines import ImageRequest, TextRequest, make_image_engine, make_text_engine
 from flywheel.stages.runner import CoreOutput, StageResult, run_stage
-from flywheel.worlds.shapes.assess import NoGroundTruth
+from flywheel.worlds.shapes.assessment import NoGroundTruth
 from flywheel.worlds.shapes.gold import gold_candidates
 
 TEXT_TASKS, IMAGE_TASKS = ("nlg", "iu"), ("ig",)

@@ -30,7 +30,7 @@ from flywheel.datasets import Manifest, MissingManifest, read_dataset, read_mani
 from flywheel.engines.base import TextEngine
 from flywheel.records import with_ids
 from flywheel.stages.judgments import JudgmentsCore, judgment_stats
-from flywheel.worlds.shapes.assess import NoGroundTruth, load_meta
+from flywheel.worlds.shapes.assessment import NoGroundTruth, load_meta
 from flywheel.worlds.shapes.gold import gold_candidates
 
 log = logging.getLogger(__name__)

@@ -12,7 +12,8 @@ from flywheel.aspects import AspectTree
 from flywheel.config import REPO_ROOT
 from flywheel.datasets import write_dataset
 from flywheel.records import with_ids
-from flywheel.worlds.shapes.assess import assess, image_of
+from flywheel.worlds.shapes.assess import assess
+from flywheel.worlds.shapes.assessment import image_of
 from flywheel.worlds.shapes.config import ShapesWorldConfig
 from flywheel.worlds.shapes.gold import gold_candidates
 from flywheel.worlds.shapes.oracle_config import GoldConfig

@@ -25,7 +25,7 @@ def test_the_replay_bench_loads_and_documents_its_options():
 
 
 def test_oracle_ordering_reverses_wrong_pairs_and_drops_ties_and_pairs_it_cannot_decide():
-    from flywheel.worlds.shapes.assess import NoGroundTruth
+    from flywheel.worlds.shapes.assessment import NoGroundTruth
 
     bench = _load_bench()
     values = {"a": 5.0, "b": 2.0, "c": 3.0, "d": 3.0}

@@ -16,7 +16,7 @@ import numpy as np
 from PIL import Image
 
 from flywheel.worlds.shapes import perturb
-from flywheel.worlds.shapes.assess import load_meta
+from flywheel.worlds.shapes.assessment import load_meta
 from flywheel.worlds.shapes.config import ShapesWorldConfig
 from flywheel.worlds.shapes.oracle_config import GoldConfig
 from flywheel.worlds.shapes.render import render

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 
-from flywheel.worlds.shapes.assess import (NoGroundTruth, image_of, load_meta, scene_of, spec_of,
-                                           text_of)
+from flywheel.worlds.shapes.assessment import NoGroundTruth, image_of, load_meta, scene_of, spec_of, text_of
 from flywheel.worlds.shapes.check_image import check_image
 from flywheel.worlds.shapes.config import ShapesWorldConfig
 from flywheel.worlds.shapes.policy_eval import check_answer

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 from PIL import Image, ImageFilter
 
-from flywheel.worlds.shapes.assess import assess_answer
+from flywheel.worlds.shapes.assess_text import assess_answer
 from flywheel.worlds.shapes.config import ShapesWorldConfig
 from flywheel.worlds.shapes.policy_config import JudgeBaseConfig, PolicyFaults
 from flywheel.worlds.shapes.render import render
@@ -163,7 +163,7 @@ def reading_example(rng: np.random.Generator, world: ShapesWorldConfig, compare:
     skill across phrasings. No verdict and no rating: the base still has never judged.
 
     With `compare`, say what holds, what the answer says and whether the two match, in the teacher's own words
-    up to its verdict ("The triangle is yellow. The answer says orange, which differs."; assess._verdict goes on
+    up to its verdict ("The triangle is yellow. The answer says orange, which differs."; assess_text._verdict goes on
     ", so it is wrong."): telling two words apart is a skill a pretrained VLM brings, and one the tiny judge never
     learnt from judging (issue 7's notes: its verdicts ignored the two colours it wrote itself). No verdict: that
     a differing answer is wrong is still for the flywheel to teach."""

@@ -5,10 +5,11 @@ annotator). With error rate 0 it is the gold.
 A request carries its ground truth in `TextRequest.context` (see `make_context`): the protocol and step, the
 prompt record (its `meta` holds the scene or draw spec), the candidate record(s) in the order shown, and what the
 step needs (aspect, order, aspect group, rubric, extraction, ...). The teacher never reads the request's text. It
-assesses each candidate (flywheel/worlds/shapes/assess.py: findings, aspect values, gold scores; rubric criteria
-and decomposed questions come from flywheel/worlds/shapes/teacher_items.py), builds the protocol's structured
-judgment and formats it with the protocol module, so the protocol's parser always accepts the answer. A context
-it cannot judge from raises `TeacherError` (the engine turns it into a per-item error), never a made-up judgment.
+assesses each candidate (flywheel/worlds/shapes/assess.py, which hands texts to assess_text.py and images to
+assess_image.py: findings, aspect values, gold scores, in the records of assessment.py; rubric criteria and
+decomposed questions come from flywheel/worlds/shapes/teacher_items.py), builds the protocol's structured judgment
+and formats it with the protocol module, so the protocol's parser always accepts the answer. A context it cannot
+judge from raises `TeacherError` (the engine turns it into a per-item error), never a made-up judgment.
 
 Errors (TeacherConfig): each answer draws, from a stream seeded by (teacher seed, engine seed, item, sample k),
 whether it errs and how - so the k samples of one item differ as an annotator's would, and a re-run gives the
@@ -36,7 +37,8 @@ from flywheel.judge import pairwise as pw
 from flywheel.judge import pointwise as pt
 from flywheel.judge import rubric as rb
 from flywheel.judge.base import clean_text, one_line
-from flywheel.worlds.shapes.assess import Assessment, Finding, ImageFacts, assess, load_meta, value_score
+from flywheel.worlds.shapes.assess import assess
+from flywheel.worlds.shapes.assessment import Assessment, Finding, ImageFacts, load_meta, value_score
 from flywheel.worlds.shapes.config import ShapesWorldConfig
 from flywheel.worlds.shapes.oracle_config import TeacherConfig
 from flywheel.worlds.shapes.teacher_items import (TeacherError, answer_question, caption_of, extraction_for,

@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 
 from flywheel.judge import decomposed as dc
-from flywheel.worlds.shapes.assess import (CLEAN_OK, QUALITY_FLAW, Assessment, Finding, ImageFacts, caption_findings,
-                                           load_meta)
+from flywheel.worlds.shapes.assess_text import caption_findings
+from flywheel.worlds.shapes.assessment import CLEAN_OK, QUALITY_FLAW, Assessment, Finding, ImageFacts, load_meta
 from flywheel.worlds.shapes.check_text import check_caption
 from flywheel.worlds.shapes.scene import Obj, Scene, describe, relation_between
 from flywheel.worlds.shapes.spec import DrawSpec
