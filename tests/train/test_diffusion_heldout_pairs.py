@@ -6,7 +6,6 @@ oracle's held-out curves - in this process (tests/train/local_worker.py), and th
 import json
 import math
 import random
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,8 +19,7 @@ from flywheel.train.data import read_training_data
 from flywheel.train.heldout_pairs import MIN_PAIRS, HeldoutPairs, split_pairs
 from flywheel.train.synthetic import image_pref_records
 
-sys.path.insert(0, str(Path(__file__).parent))
-from local_worker import LocalContext  # noqa: E402
+from .local_worker import LocalContext
 
 
 def _rows(n: int, prompts: int) -> list[dict]:

@@ -5,7 +5,6 @@ plus an exact resume of the held-out state. The Ray Train path (guard, registry,
 
 import json
 import math
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,8 +16,7 @@ from flywheel.datasets import write_dataset
 from flywheel.train.dpo import loss_terms
 from flywheel.train.synthetic import dpo_records, image_pref_records
 
-sys.path.insert(0, str(Path(__file__).parent))
-from local_worker import LocalContext  # noqa: E402
+from .local_worker import LocalContext
 
 TEXT_MEASURES = {"accuracy", "caption_recall", "format_valid", "repetition_rate", "mean_words"}
 
