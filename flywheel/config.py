@@ -92,8 +92,8 @@ class ZooConfig(StrictModel):
         "The judge compares what it reads with what it sees, which may need more depth than the policy.")
     judge_text_hidden: int | None = Field(
         None, ge=32, description="Hidden size of the judge's language model alone (and its vision merger's output); "
-        "null uses text_hidden. Measured at 256 against 128 (docs/tuning.md, 'judge'): id-test ranking +0.05 (drawings, "
-        "questions), captions unchanged, 1.7x the judge-SFT time.")
+        "null uses text_hidden. Measured at 256 against 128 (docs/results.md, runs/wide): id-test ranking +0.056 over "
+        "three loop iterations (drawings, count), captions unchanged, 1.5x the iteration's time.")
     text_heads: int = Field(4, description="Attention heads; hidden/heads must be ≥ 32 for vLLM's CPU attention.")
     vision_hidden: int = Field(64, description="Width of the tiny vision towers.")
     vision_layers: int = Field(2, description="Depth of the tiny vision towers.")
