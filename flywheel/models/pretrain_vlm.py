@@ -49,7 +49,7 @@ def pretrain_vlm(base: str | Path, out: str | Path, examples: Examples, cfg: Pol
         args = SFTConfig(
             output_dir=tmp, max_steps=cfg.steps, per_device_train_batch_size=cfg.batch_size,
             learning_rate=cfg.lr, lr_scheduler_type="cosine", warmup_steps=cfg.warmup_steps,
-            bf16=False, use_cpu=True, max_length=None, gradient_checkpointing=False, report_to=[],
+            bf16=False, use_cpu=True, max_length=None, activation_checkpointing=False, report_to=[],
             logging_steps=max(cfg.steps // 10, 1), save_strategy="no", seed=seed, dataloader_num_workers=0,
         )
         trainer = SFTTrainer(model=model, args=args, train_dataset=data, processing_class=processor)

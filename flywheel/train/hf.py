@@ -4,8 +4,9 @@ mixin (sample-id log + NaN guard), the callbacks, resume from Ray Train's checkp
 Settings that matter on every machine, and why:
 - `max_length=None`: TRL truncates by token count, which can cut image placeholder tokens (TRL #5285) and then
   the model fails with "Image features and image tokens do not match" - or, worse, trains on a broken sample.
-- `gradient_checkpointing=False`: TRL turns it on by default; on tiny models it only costs time. (GPU configs
-  with long sequences may want it; it is not a knob yet.)
+- `activation_checkpointing=False`: TRL turns it on by default (as `gradient_checkpointing`, the name
+  transformers 5.23 deprecates); on tiny models it only costs time. (GPU configs with long sequences may want it;
+  it is not a knob yet.)
 - `bf16` only on a GPU with a bfloat16 checkpoint; TRL's default bf16=True raises on a CPU box.
 - `remove_unused_columns=False`: keeps the `sample_id` column for the step log (the collator strips it).
 - `train_sampling_strategy="group_by_length"` (train.group_by_length): batches of rows of similar length pad less.
@@ -92,7 +93,7 @@ def trl_args(settings, output_dir: str, seed: int, dtype: str = "float32", **ext
         weight_decay=settings.weight_decay, max_grad_norm=settings.max_grad_norm,
         logging_steps=settings.logging_steps, save_strategy="steps", save_steps=settings.save_steps,
         save_total_limit=1, report_to=[], disable_tqdm=True, remove_unused_columns=False,
-        dataloader_num_workers=0, max_length=None, gradient_checkpointing=False,
+        dataloader_num_workers=0, max_length=None, activation_checkpointing=False,
         train_sampling_strategy="group_by_length" if settings.group_by_length else "random",
         length_column_name=LENGTH,
         use_cpu=not on_gpu(), bf16=on_gpu() and dtype == "bfloat16", fp16=False,
