@@ -5,7 +5,6 @@ import warnings
 
 import pytest
 import ray
-from ray.data._internal.execution.operators.actor_pool_map_operator import ActorPoolMapOperator
 from ray.util.annotations import RayDeprecationWarning
 
 from flywheel import datasets
@@ -81,7 +80,10 @@ def test_stage_maps_quarantines_and_skips_when_up_to_date(ray_local, tmp_path):
 
 def test_ray_data_restarts_lost_actors_and_retries_their_batches_by_default():
     # run_stage's exactly-once output across node loss relies on these defaults (it no longer passes them): if a Ray
-    # upgrade drops them, this fails before a cluster loses a stage's batches.
+    # upgrade drops them, this fails before a cluster loses a stage's batches. (A private module: imported here so
+    # that its move fails this test alone, not the whole file.)
+    from ray.data._internal.execution.operators.actor_pool_map_operator import ActorPoolMapOperator
+
     args = ActorPoolMapOperator._apply_default_remote_args({}, ray.data.DataContext.get_current())
     assert args["max_restarts"] == -1 and args["max_task_retries"] == -1
 
