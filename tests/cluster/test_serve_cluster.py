@@ -62,6 +62,7 @@ def _url_of(proc: subprocess.Popen, until: str) -> tuple[str, str]:
     return urls[-1], "".join(out)
 
 
+@pytest.mark.slow  # ~70 s on 2 cores (two Serve apps from two CLI processes)
 def test_a_blocking_serve_on_a_cluster_ends_only_its_own_app(local_ray_cluster, zoo, tmp_path):
     keeper = blocker = None
     try:

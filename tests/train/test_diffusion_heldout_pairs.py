@@ -119,6 +119,7 @@ def test_the_heldout_pairs_are_never_a_stopping_signal():
             load_config(REPO_ROOT / "configs" / "local.yaml", [bad])
 
 
+@pytest.mark.slow  # ~50 s on 2 cores (two DDP workers through Ray Train); the in-process run above stays default
 def test_two_ray_train_workers_split_alike_and_rank_0_logs_the_curve(ray_local, make_cfg, datasets):
     """Through Ray Train with two DDP workers: every rank trains on the same split, rank 0 alone evaluates the
     held-out pairs (no collective inside), and the stop decision's all-reduce still meets on both ranks."""

@@ -98,6 +98,7 @@ def test_a_guarded_drop_refuses_promotion_without_reaching_the_gate(collapsed):
     assert tag.startswith("refused by its training: guard"), tag
 
 
+@pytest.mark.slow  # ~50 s on 2 cores (a second training and two downstream evaluations)
 def test_two_methods_side_by_side_the_unrefused_one_is_gated_and_the_comparison_logged(collapsed, make_cfg,
                                                                                          datasets):
     """[dpo, bon_sft] on the same pairs: the guard refused the DPO run, so best-of-N SFT (trained blind here)

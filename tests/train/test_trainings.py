@@ -93,6 +93,7 @@ def judge_sft(killed_run, make_cfg, datasets):
     return cfg, train(cfg, "judge-sft", datasets["sft"])
 
 
+@pytest.mark.slow  # ~100 s on 2 cores with its fixture (SFT, then DPO, each loaded and asked)
 def test_judge_sft_then_judge_dpo_from_its_adapter(judge_sft, datasets):
     cfg, sft = judge_sft
     mv = registry.get_version(cfg, sft.model_uri)
@@ -130,6 +131,7 @@ def test_judge_sft_then_judge_dpo_from_its_adapter(judge_sft, datasets):
     _ask(registry.load_engine(cfg, dpo.model_uri))
 
 
+@pytest.mark.slow  # ~50 s on 2 cores
 def test_policy_dpo_through_the_cli(ray_local, overrides, make_cfg, datasets):
     from flywheel.train.cli import train_app
 
@@ -148,6 +150,7 @@ def test_policy_dpo_through_the_cli(ray_local, overrides, make_cfg, datasets):
     _ask(registry.load_engine(cfg, registry.describe(mv)))
 
 
+@pytest.mark.slow  # ~40 s on 2 cores
 def test_diffusion_dpo_lora_on_the_unet(ray_local, make_cfg, datasets):
     # adapter only (diffusers' LoRA format): loading the version back fuses it into its base pipeline
     cfg = make_cfg("train.diffusion_dpo.lora.enabled=true", "train.registry.save_merged=false")
@@ -222,6 +225,7 @@ def _kill_session(proc) -> list[int]:
     return _session_pids(proc.pid)
 
 
+@pytest.mark.slow  # ~45 s on 2 cores, after judge_sft's reference run
 def test_resume_after_kill_neither_skips_nor_repeats_data(judge_sft, killed_run, datasets):
     """verl #7401: a resumed run must continue at the checkpoint's step with the very next batch. The run is
     SIGKILLed (driver, controller and workers) right after its first checkpoint is committed, then launched
@@ -250,7 +254,7 @@ def test_resume_after_kill_neither_skips_nor_repeats_data(judge_sft, killed_run,
     assert resumed.final["loss"] == pytest.approx(reference.final["loss"], rel=1e-4)
 
 
-@pytest.mark.slow  # ~140 s on 2 cores (three trainings); the LoRA resume above stays in the default suite
+@pytest.mark.slow  # ~140 s on 2 cores (three trainings)
 def test_a_resumed_full_fine_tune_goes_on_from_its_checkpointed_weights(ray_local, overrides, make_cfg, datasets,
                                                                          tmp_path):
     """transformers 5 checkpoints Qwen2-VL in the hub's key layout; the Trainer's own resume then loaded none of
