@@ -174,7 +174,7 @@ def sampled_pairs(cfg, base: str, k: int, per_item: int, n_items: int, seed: int
     return rows
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pool", action="append", default=[], help="a pooled dataset, <workdir>/data/iterations/"
                     "<n>/pref-pool/<kind>; repeat it to train on several pools of one kind at once")
@@ -196,7 +196,7 @@ def main() -> None:
     ap.add_argument("--eval", action="append", default=[], metavar="KEY=VALUE", dest="eval_sets",
                     help="a config override for the evaluation only, e.g. run.seed=7 gate.eval_items=240: score "
                     "on other items than the gate's, so a setting chosen by them is still tested fresh by the gate's")
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     workdir = os.path.abspath(a.workdir)  # Ray Train workers run elsewhere: every path absolute
     if a.models_from and not os.path.exists(f"{workdir}/models"):
         shutil.copytree(a.models_from, f"{workdir}/models")
