@@ -1,11 +1,14 @@
 """bench/pool_replay.py imports the loop's own training and evaluation entry points: a rename there must fail here,
 not the first time someone replays a pool (a replay trains for about a minute, too long for this suite)."""
 
+import functools
+
 import pytest
 
 from flywheel.config import REPO_ROOT
 
 
+@functools.cache  # once per session: monkeypatched attributes are restored after each test
 def _load_bench():
     """bench/ is not a package: load the script as a module."""
     import importlib.util
@@ -16,7 +19,7 @@ def _load_bench():
     return bench
 
 
-def _refusal(argv: list[str]) -> str:
+def _exit_code(argv: list[str]) -> str:
     """The script's main, in this process (a subprocess would spend ~14 s importing torch for one argument)."""
     with pytest.raises(SystemExit) as e:
         _load_bench().main(argv)
@@ -24,7 +27,7 @@ def _refusal(argv: list[str]) -> str:
 
 
 def test_the_replay_bench_loads_and_documents_its_options(capsys):
-    assert _refusal(["--help"]) == "0"
+    assert _exit_code(["--help"]) == "0"
     out = capsys.readouterr().out
     assert all(opt in out for opt in ("--pool", "--seeds", "--min-margin", "--oracle", "--base", "--models-from",
                                       "--set", "--subtask", "--perfect", "--sampled", "--eval"))
@@ -74,7 +77,7 @@ def test_perfect_pairs_are_valid_pool_rows_with_the_right_answer_chosen(tmp_path
 
 
 def test_a_perfect_spec_without_one_right_answer_is_refused_by_name(tmp_path):
-    assert "--perfect 'iu_caption:10': expected SUBTASK:N" in _refusal(["--perfect", "iu_caption:10",
+    assert "--perfect 'iu_caption:10': expected SUBTASK:N" in _exit_code(["--perfect", "iu_caption:10",
                                                                          "--workdir", str(tmp_path)])
 
 
@@ -139,4 +142,4 @@ def test_sampled_pairs_choose_a_right_sample_over_a_wrong_one_per_item(tmp_path,
 
 
 def test_a_sampled_spec_that_is_not_three_positive_integers_is_refused_by_name(tmp_path):
-    assert "--sampled '16:0:480': expected K:P:N" in _refusal(["--sampled", "16:0:480", "--workdir", str(tmp_path)])
+    assert "--sampled '16:0:480': expected K:P:N" in _exit_code(["--sampled", "16:0:480", "--workdir", str(tmp_path)])
