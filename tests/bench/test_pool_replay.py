@@ -78,7 +78,7 @@ def test_perfect_pairs_are_valid_pool_rows_with_the_right_answer_chosen(tmp_path
 
 def test_a_perfect_spec_without_one_right_answer_is_refused_by_name(tmp_path):
     assert "--perfect 'iu_caption:10': expected SUBTASK:N" in _exit_code(["--perfect", "iu_caption:10",
-                                                                         "--workdir", str(tmp_path)])
+                                                                           "--workdir", str(tmp_path)])
 
 
 def test_oracle_ranking_finds_a_text_pairs_prompt_through_its_candidates(tmp_path, monkeypatch):
