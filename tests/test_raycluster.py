@@ -5,6 +5,7 @@ job's worker_process_setup_hook). Ray forwards a worker's stderr to the driver."
 
 import json
 import logging
+import os
 import subprocess
 import sys
 
@@ -70,3 +71,15 @@ def test_a_submitted_job_keeps_its_own_setup_hook(monkeypatch, caplog):
     with caplog.at_level(logging.INFO, logger="flywheel.raycluster"):
         assert worker_env() == {}
     assert "theirs.setup" in caplog.text
+
+
+@pytest.mark.parametrize("preset, expected", [(None, 300), ("77", 77)])
+def test_ray_waits_longer_for_its_dashboard_unless_the_user_says(preset, expected):
+    # Ray's own default, 60 s, failed ray.init on a loaded 2-core box. The check reads Ray's constant in a fresh
+    # interpreter, so it fails if Ray renames the variable or flywheel stops setting it before ray is imported.
+    env = {k: v for k, v in os.environ.items() if k != "RAY_DASHBOARD_STARTUP_TIMEOUT_S"}
+    if preset is not None:
+        env["RAY_DASHBOARD_STARTUP_TIMEOUT_S"] = preset
+    code = "import flywheel.raycluster, ray._private.ray_constants as c; print(c.RAY_DASHBOARD_STARTUP_TIMEOUT_S)"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    assert int(out.split()[-1]) == expected
