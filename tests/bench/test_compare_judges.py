@@ -1,18 +1,15 @@
 """bench/compare_judges.py: two runs' judges compared pair by pair on their shared gold, as the gate's McNemar test
 counts them, and refused when the runs' gold differs (their pairs would not be the same pairs)."""
 
-import importlib.util
-
 import pytest
+from bench_scripts import load_bench
 from scipy import stats
 from stored_meta_eval import write_gold, write_judged
 
-from flywheel.config import REPO_ROOT, load_config
+from flywheel.config import load_config
 from flywheel.iteration import paths
 
-spec = importlib.util.spec_from_file_location("compare_judges", REPO_ROOT / "bench" / "compare_judges.py")
-bench = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(bench)
+bench = load_bench("compare_judges")
 
 
 def _run(root, name: str, right_by_iteration: list[list[bool]], gold_seed: int = 0):

@@ -1,16 +1,14 @@
 """The judge caption-check bench's rows: its numbers say whether the judge base can look a caption's mention up,
 so a row whose answer is not what the reference (or the response) holds would make a look-up look unlearnable."""
 
-import importlib.util
 import re
 
 import numpy as np
+from bench_scripts import load_bench
 
 from flywheel.config import REPO_ROOT, load_config
 
-spec = importlib.util.spec_from_file_location("judge_caption_check", REPO_ROOT / "bench" / "judge_caption_check.py")
-bench = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(bench)
+bench = load_bench("judge_caption_check")
 WORLD = load_config(str(REPO_ROOT / "configs" / "local.yaml")).world.shapes
 
 

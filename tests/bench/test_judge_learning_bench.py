@@ -1,17 +1,14 @@
 """bench/judge_learning.py --caption-checks: the rows it adds to judge SFT must be the caption-check bench's rows,
 whole (image, request, answer), or its number would say the look-up was kept in the mix when it was not."""
 
-import importlib.util
-
 import numpy as np
+from bench_scripts import load_bench
 from PIL import Image
 
 from flywheel.config import REPO_ROOT, load_config
 from flywheel.train.data import SAMPLE_ID, sft_rows, to_hf_dataset
 
-spec = importlib.util.spec_from_file_location("judge_learning", REPO_ROOT / "bench" / "judge_learning.py")
-bench = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(bench)
+bench = load_bench("judge_learning")
 CFG = load_config(str(REPO_ROOT / "configs" / "local.yaml"))
 
 

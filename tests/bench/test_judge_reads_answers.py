@@ -1,13 +1,9 @@
 """The judge-reading bench's parser: which of the judge's three steps (restate the reference, read the answer,
 compare them) held on one item. Its numbers steer what the judge base is taught, so a misparse would misdirect."""
 
-import importlib.util
+from bench_scripts import load_bench
 
-from flywheel.config import REPO_ROOT
-
-spec = importlib.util.spec_from_file_location("judge_reads_answers", REPO_ROOT / "bench" / "judge_reads_answers.py")
-bench = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(bench)
+bench = load_bench("judge_reads_answers")
 
 
 def test_a_wrong_verdict_is_blamed_on_the_step_that_failed():

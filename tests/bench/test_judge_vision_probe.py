@@ -2,14 +2,12 @@
 images and labels must be a run's generated images with the oracle's findings on them, or its table would say a
 judge's vision lost (or kept) what the teacher rates when it did not."""
 
-import importlib.util
-
 import numpy as np
 import pytest
+from bench_scripts import load_bench
 from PIL import ImageFilter
 
 from flywheel.aspects import AspectTree
-from flywheel.config import REPO_ROOT
 from flywheel.datasets import write_dataset
 from flywheel.records import with_ids
 from flywheel.worlds.shapes.assess import assess
@@ -21,9 +19,7 @@ from flywheel.worlds.shapes.render import render
 from flywheel.worlds.shapes.scene import Obj, Scene
 from flywheel.worlds.shapes.suites import SuitesConfig, generate
 
-spec = importlib.util.spec_from_file_location("judge_vision_probe", REPO_ROOT / "bench" / "judge_vision_probe.py")
-bench = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(bench)
+bench = load_bench("judge_vision_probe")
 WORLD = ShapesWorldConfig()
 
 

@@ -1,17 +1,13 @@
 """The look-up probe's rows: its numbers say whether the tiny language model can answer from its context, so a
 row whose answer disagrees with its own description would make a learnable task look unlearnable."""
 
-import importlib.util
 import random
 import re
 
 import pytest
+from bench_scripts import load_bench
 
-from flywheel.config import REPO_ROOT
-
-spec = importlib.util.spec_from_file_location("lookup_probe", REPO_ROOT / "bench" / "lookup_probe.py")
-bench = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(bench)
+bench = load_bench("lookup_probe")
 
 
 def _objects(desc: str) -> set[tuple[str, str]]:

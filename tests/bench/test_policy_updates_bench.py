@@ -1,14 +1,13 @@
 """The policy-update bench's LLaVA items: its oracle-pair DPO numbers steer the policy settings, so every question
 type must be in the pairs it makes (it once took only colour items beside the captions)."""
 
-import importlib.util
 from collections import Counter
 
-from flywheel.config import REPO_ROOT, load_config
+from bench_scripts import load_bench
 
-spec = importlib.util.spec_from_file_location("policy_updates", REPO_ROOT / "bench" / "policy_updates.py")
-bench = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(bench)
+from flywheel.config import load_config
+
+bench = load_bench("policy_updates")
 
 
 def test_llava_items_take_the_asked_number_of_each_question_type():

@@ -1,28 +1,14 @@
 """bench/pool_replay.py imports the loop's own training and evaluation entry points: a rename there must fail here,
 not the first time someone replays a pool (a replay trains for about a minute, too long for this suite)."""
 
-import functools
-
 import pytest
-
-from flywheel.config import REPO_ROOT
-
-
-@functools.cache  # once per session: monkeypatched attributes are restored after each test
-def _load_bench():
-    """bench/ is not a package: load the script as a module."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("pool_replay", REPO_ROOT / "bench" / "pool_replay.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    return bench
+from bench_scripts import load_bench
 
 
 def _exit_code(argv: list[str]) -> str:
     """The script's main, in this process (a subprocess would spend ~14 s importing torch for one argument)."""
     with pytest.raises(SystemExit) as e:
-        _load_bench().main(argv)
+        load_bench("pool_replay").main(argv)
     return str(e.value.code)
 
 
@@ -36,7 +22,7 @@ def test_the_replay_bench_loads_and_documents_its_options(capsys):
 def test_oracle_ordering_reverses_wrong_pairs_and_drops_ties_and_pairs_it_cannot_decide():
     from flywheel.worlds.shapes.assessment import NoGroundTruth
 
-    bench = _load_bench()
+    bench = load_bench("pool_replay")
     values = {"a": 5.0, "b": 2.0, "c": 3.0, "d": 3.0}
 
     def value(_row, cid):
@@ -61,7 +47,7 @@ def test_perfect_pairs_are_valid_pool_rows_with_the_right_answer_chosen(tmp_path
     from flywheel.datasets import read_rows, write_dataset
     from flywheel.worlds.shapes.policy_eval import check_answer
 
-    bench = _load_bench()
+    bench = load_bench("pool_replay")
     world = load_config().world.shapes
     rows = [*bench.perfect_pairs(world, "iu_existence", 40), *bench.perfect_pairs(world, "iu_count", 10)]
     manifest = write_dataset(str(tmp_path / "pool"), "dpo", rows, config_hash="t", producer="test")
@@ -84,7 +70,7 @@ def test_a_perfect_spec_without_one_right_answer_is_refused_by_name(tmp_path):
 def test_oracle_ranking_finds_a_text_pairs_prompt_through_its_candidates(tmp_path, monkeypatch):
     """A text (dpo) pool row names no prompt, only its two candidates: the oracle must find the prompt through
     them (a KeyError 'prompt_id' before). Datasets and the oracle are stood in for: this checks the look-up."""
-    bench = _load_bench()
+    bench = load_bench("pool_replay")
     it = tmp_path / "data" / "iterations" / "000"
     (it / "pref-candidates").mkdir(parents=True)
     stored = {str(it / "pref-prompts"): [{"prompt_id": "p1", "query": "How many?"}],
@@ -116,7 +102,7 @@ def test_sampled_pairs_choose_a_right_sample_over_a_wrong_one_per_item(tmp_path,
     from flywheel.engines import TextResult
     from flywheel.worlds.shapes import policy_eval as pe
 
-    bench = _load_bench()
+    bench = load_bench("pool_replay")
     cfg = load_config()
     items = pe.text_items(cfg.world.shapes, 8, 4242, bench.SAMPLED_STREAM)
 

@@ -1,19 +1,15 @@
 """The fast renderer draws exactly what the full-grid renderer drew: every cached base, gold set and test expectation
 was made with the old one, so a single differing pixel would silently change them."""
 
-import importlib.util
-
 import numpy as np
 import pytest
+from bench_scripts import load_bench
 
-from flywheel.config import REPO_ROOT
 from flywheel.worlds.shapes import perturb
 from flywheel.worlds.shapes.render import render
 from flywheel.worlds.shapes.scene import Obj, Scene, sample_scene
 
-spec = importlib.util.spec_from_file_location("render_speed", REPO_ROOT / "bench" / "render_speed.py")
-bench = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(bench)
+bench = load_bench("render_speed")
 
 
 @pytest.mark.parametrize("size, supersample", [(56, 4), (112, 4), (56, 1), (56, 3), (28, 5), (112, 8)])

@@ -1,15 +1,10 @@
 """bench/sample_headroom.py: its shares (pass@K, mixed) decide whether more samples could teach the policy more, so
 they must count what they say; and the script must load against the loop's own evaluation code."""
 
-import importlib.util
-
 import pytest
+from bench_scripts import load_bench
 
-from flywheel.config import REPO_ROOT
-
-spec = importlib.util.spec_from_file_location("sample_headroom", REPO_ROOT / "bench" / "sample_headroom.py")
-bench = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(bench)
+bench = load_bench("sample_headroom")
 
 
 def test_the_bench_loads_and_documents_its_options(capsys):
