@@ -223,7 +223,7 @@ def _start_head(root: Path, token_path: Path, num_cpus: int, dashboard_host: str
     # The venv first on the PATH: a job's `python` is the first the raylet finds.
     env |= {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token_path),
             "PATH": f"{venv_bin}{os.pathsep}{env.get('PATH', '')}"}
-    # `ray start` gives the dashboard 60 s by default, less than a loaded box may need: give it the whole start's
+    # `ray start` gives the dashboard 60 s by default, a loaded box may need more: it gets the start's timeout
     env.setdefault("RAY_DASHBOARD_STARTUP_TIMEOUT_S", str(int(timeout)))
     with open(root / "start.log", "a") as log:
         log.write("$ " + shlex.join(cmd) + "\n")
