@@ -1,0 +1,84 @@
+"""Claim checks (RLAIF-V, seed 005, "divide-and-conquer"): rate a descriptive response by its claims, one request each.
+
+A weak judge checks one short claim far better than a whole caption: the tiny judge ranks colour, count and
+existence answers nearly perfectly and captions near chance (docs/results.md). So a caption is split into atomic
+claims (a splitter supplied by the caller: the world's parser here, an LLM on a cluster), and the judge rates each
+claim against a text: the response's claims against the prompt's reference (are they right?) and the reference's
+claims against the response (is anything missed?). The response's score is 1 + 4 x the mean credit of all its
+claims, where a claim's credit is (rating - 1) / 4: the scale of a pointwise rating, so it ranks with them.
+
+The output format is the pointwise protocol's ("Analysis: ...\\nRating: N"), parsed by its strict parser; a claim
+whose output does not parse makes the response's score a failure, never a guess.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from flywheel.engines.base import TextRequest
+from flywheel.judge import base, pointwise
+from flywheel.judge.base import IMAGE
+
+NAME = "claims"
+PRECISION, RECALL = "response", "reference"  # whose claims are checked (against the other text)
+COMPACT_TEMPLATE = "Claim check. Rate 1-5.\n{instance}"
+TEMPLATE = (  # the long style, for judges that read instructions (a GPU judge); the rating scale spelled out
+    "Please act as an impartial evaluator. Decide whether the text states the claim, strictly from the text.\n\n"
+    'Begin with your analysis, concisely, starting with "Analysis:", then on the next line "Rating:" followed by '
+    "a rating from 1 to 5: 5 the text states the claim, 3 it states it with another number, 2 it states it with "
+    "another colour or shape, 1 it states nothing like it.\n"
+    """###Task Instance###
+{instance}
+###Your Evaluation###""")
+INSTANCE_IMAGES = ("the input image is {slots}", "the input images are {slots}")
+INSTANCE = 'the claim is "{claim}", the text is "{text}"'
+
+
+@dataclass(frozen=True)
+class ClaimCheck:
+    """One claim to check: whose it is (PRECISION: the response's, RECALL: the reference's), its words, the text
+    it is checked against, and the request."""
+
+    side: str
+    claim: str
+    against: str
+    request: TextRequest
+
+
+def build(claim: str, against: str, images: Sequence = (), *, style: str = "compact",
+          rid: str | None = None) -> TextRequest:
+    """The request checking `claim` against `against`, with the prompt's input images (a judge may look)."""
+    clauses = [INSTANCE_IMAGES[len(images) != 1].format(slots=IMAGE * len(images))] if images else []
+    clauses.append(INSTANCE.format(claim=base.slot_text(claim, "claim"), text=base.slot_text(against, "text")))
+    sentence = ", ".join(clauses)
+    template = COMPACT_TEMPLATE if base.check_style(style) == "compact" else TEMPLATE
+    return base.request(template.format(instance=sentence[:1].upper() + sentence[1:] + "."), list(images), rid=rid)
+
+
+def checks(prompt: dict, candidate: dict, split: Callable[[str], Sequence[str]], *,
+           style: str = "compact") -> list[ClaimCheck]:
+    """The claim checks of one response: its claims against the prompt's reference, the reference's against it.
+    Empty when the prompt has no reference text or the response no text (the caller judges it otherwise)."""
+    reference, (text, _) = prompt.get("reference_text"), base.output_of(candidate)
+    if not reference or text is None:
+        return []
+    images = base.images_of(prompt, "images")
+    rid = candidate.get("candidate_id")
+    out = [ClaimCheck(PRECISION, c, reference, build(c, reference, images, style=style, rid=rid)) for c in split(text)]
+    out += [ClaimCheck(RECALL, c, text, build(c, text, images, style=style, rid=rid)) for c in split(reference)]
+    return out
+
+
+def credit(rating: float) -> float:
+    """A claim's credit 0..1 from its (expected) rating 1..5."""
+    if not pointwise.RATING_MIN <= rating <= pointwise.RATING_MAX:
+        raise ValueError(f"claim rating {rating} outside {pointwise.RATING_MIN}-{pointwise.RATING_MAX}")
+    return (rating - pointwise.RATING_MIN) / (pointwise.RATING_MAX - pointwise.RATING_MIN)
+
+
+def score(ratings: Sequence[float | None]) -> float | None:
+    """A response's score 1..5 from its claims' ratings; None when it has no claims or one failed to parse."""
+    if not ratings or any(r is None for r in ratings):
+        return None
+    return pointwise.RATING_MIN + (pointwise.RATING_MAX - pointwise.RATING_MIN) * (
+        sum(credit(r) for r in ratings) / len(ratings))
