@@ -267,7 +267,8 @@ class JudgmentsConfig(StrictModel):
     protocols: dict[str, list[str]] = Field(
         {"nlg": ["pointwise", "pairwise"], "iu": ["pointwise", "pairwise"], "ig": ["decomposed"], "itig": ["rubric"]},
         description="Per task category, the judge protocols its candidates are judged with (pointwise, pairwise, "
-        "aspects, rubric, decomposed); a task left out is not judged.")
+        "aspects, rubric, decomposed, claims); a task left out is not judged. claims judges only the sub-tasks "
+        "of claim_subtasks.")
     samples_per_item: int = Field(2, ge=1, description="k: judge samples per item (Minos used 10).")
     pairwise_aspects: Literal["overall", "task", "all"] = Field(
         "overall", description="What a pair is compared on: overall (no aspect, with the query), each task "
@@ -279,6 +280,10 @@ class JudgmentsConfig(StrictModel):
     rubric_item_calls: Literal["all", "each"] = Field("all", description="Rubric grading: all items in one "
                                                       "request, or one request per item (UEval).")
     batch_size: int = Field(8, ge=1, description="Prompts per Ray Data batch (each with all its candidates).")
+    claim_subtasks: list[str] = Field(
+        ["iu_caption", "nlg_describe_scene"], description="Sub-tasks the claims protocol judges (RLAIF-V's "
+        "divide-and-conquer, flywheel/judge/claims.py): responses that describe, whose claims can be checked one "
+        "by one against the prompt's reference. Where a candidate has claim judgments, they rank it.")
 
     @field_validator("protocols")
     @classmethod

@@ -42,7 +42,7 @@ class _F:
 _ARROW = {"id": pa.string(), "str": pa.string(), "json": pa.string(), "int32": pa.int32(), "float64": pa.float64(),
           "strs": pa.list_(pa.field("element", pa.string())), "images": pa.list_(pa.field("element", pa.binary()))}
 TASKS, SPLITS = ("nlg", "iu", "ig", "itig"), ("train", "id-test", "ood-test")
-PROTOCOLS = ("pointwise", "pairwise", "aspects", "rubric", "decomposed")
+PROTOCOLS = ("pointwise", "pairwise", "aspects", "rubric", "decomposed", "claims")
 # Content fields are what the record *is*; labels (split), annotations (aspects, meta) and values derived from
 # a raw output (parsed, score, analysis) are not, so re-labelling or re-parsing keeps ids and lineage stable.
 _SPECS: dict[str, tuple[_F, ...]] = {

@@ -26,8 +26,9 @@ from flywheel.curate.report import FilterReport, as_json, make_report, num, row_
 
 
 class ItemKey(NamedTuple):
-    """One judgment input. `group` is the aspects protocol's request group (universal | task) on rows that
-    score a whole group (aspect null), so the two requests of one candidate are not mixed; None otherwise."""
+    """One judgment input. `group` is the request among several of one candidate, on rows without an aspect: the
+    aspects protocol's request group (universal | task), or the claims protocol's claim (its side and words), so
+    one candidate's requests are not mixed; None otherwise."""
 
     prompt_id: str
     candidate_ids: tuple[str, ...]

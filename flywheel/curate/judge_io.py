@@ -16,11 +16,12 @@ from typing import Any
 
 from flywheel.engines.base import TextRequest
 from flywheel.judge import aspects as ap
+from flywheel.judge import claims as cl
 from flywheel.judge import decomposed as dc
 from flywheel.judge import pairwise as pw
 from flywheel.judge import pointwise as pt
 from flywheel.judge import rubric as rb
-from flywheel.judge.base import ParseError, nonblank
+from flywheel.judge.base import ParseError, images_of, nonblank
 from flywheel.curate.report import as_json
 
 
@@ -109,6 +110,11 @@ def judge_request(row: dict, ctx: JudgeContext) -> TextRequest:
             if group not in reqs:
                 raise Unavailable("no_request", f"no {group} aspects for this prompt")
             return reqs[group]
+        if proto == cl.NAME:
+            parsed = as_json(row.get("parsed"))
+            if not isinstance(parsed, dict) or not {"claim", "against"} <= set(parsed):
+                raise Unavailable("no_request", "claims row without parsed claim and against")
+            return cl.build(parsed["claim"], parsed["against"], images_of(prompt, "images"), style=ctx.style)
     except (ValueError, TypeError, KeyError) as e:  # GuidelineError / AspectError are ValueErrors
         raise Unavailable("build_error", str(e)) from None
     raise Unavailable("no_request", f"{proto} requests are not rebuilt; pass them in")
@@ -146,4 +152,9 @@ def judge_target(row: dict) -> str:
         raise Unavailable("unformattable", "rubric row is neither a grading nor a rubric")
     if proto == dc.NAME:
         return dc.format_full(_ok(dc.parse_full(raw)))
+    if proto == cl.NAME:
+        try:
+            return pt.format(_ok(pt.parse(cl.judge_text(raw))))
+        except ValueError as e:
+            raise Unavailable("unformattable", str(e)) from None
     raise Unavailable("unformattable", f"unknown protocol {proto!r}")

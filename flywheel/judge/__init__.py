@@ -7,6 +7,7 @@ One module per protocol, each with its templates at the top:
   aspects     UFEval: select aspects, then per-aspect "<aspect>: <feedback> Score: 1..5" (universal without query)
   rubric      UEval: rubric from query + reference, items graded true / false / not sure, score = fraction met
   decomposed  T2I: extraction -> caption + answers (no prompt) -> explanations + 0..10 scores
+  claims      RLAIF-V: a description's claims, each checked against the other text -> "Analysis / Rating: 1..5"
     decomposed_samples  its six sub-task SFT sample kinds (requests, targets, build_samples, assemble); not a
                         protocol of its own, so not in PROTOCOLS
 """
@@ -14,11 +15,11 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from flywheel.judge import aspects, decomposed, decomposed_samples, pairwise, pointwise, rubric
+from flywheel.judge import aspects, claims, decomposed, decomposed_samples, pairwise, pointwise, rubric
 from flywheel.judge.base import ParseError, is_error
 from flywheel.judge.guidelines import Guideline, GuidelineError, Guidelines, get_guideline, load_guidelines
 
-PROTOCOLS: dict[str, ModuleType] = {m.NAME: m for m in (pointwise, pairwise, aspects, rubric, decomposed)}
+PROTOCOLS: dict[str, ModuleType] = {m.NAME: m for m in (pointwise, pairwise, aspects, rubric, decomposed, claims)}
 
 
 def protocol(name: str) -> ModuleType:
@@ -31,4 +32,4 @@ def protocol(name: str) -> ModuleType:
 
 __all__ = ["PROTOCOLS", "protocol", "ParseError", "is_error", "Guideline", "Guidelines", "GuidelineError",
            "get_guideline", "load_guidelines", "pointwise", "pairwise", "aspects", "rubric", "decomposed",
-           "decomposed_samples"]
+           "claims", "decomposed_samples"]

@@ -7,15 +7,19 @@ claim against a text: the response's claims against the prompt's reference (are 
 claims against the response (is anything missed?). The response's score is 1 + 4 x the mean credit of all its
 claims, where a claim's credit is (rating - 1) / 4: the scale of a pointwise rating, so it ranks with them.
 
-The output format is the pointwise protocol's ("Analysis: ...\\nRating: N"), parsed by its strict parser; a claim
-whose output does not parse makes the response's score a failure, never a guess.
+The output format is the pointwise protocol's ("Analysis: ...\\nRating: N"), parsed by its strict parser. Each
+claim is a judgment row of its own (its raw output headed by the claim, `raw_output`), so the teacher's k samples
+of one claim are compared with each other and each claim is an SFT row; a response's score is read from its
+rows (`candidate_scores`), and one claim that does not parse makes it a failure, never a guess.
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import re
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from flywheel.engines.base import TextRequest
+from flywheel.engines.base import TextRequest, TextResult, TokenLogprobs
 from flywheel.judge import base, pointwise
 from flywheel.judge.base import IMAGE
 
@@ -32,6 +36,8 @@ TEMPLATE = (  # the long style, for judges that read instructions (a GPU judge);
 ###Your Evaluation###""")
 INSTANCE_IMAGES = ("the input image is {slots}", "the input images are {slots}")
 INSTANCE = 'the claim is "{claim}", the text is "{text}"'
+HEADER = "{side} claim: {claim}"
+_HEADER_RE = re.compile(rf"^({PRECISION}|{RECALL}) claim: ")
 
 
 @dataclass(frozen=True)
@@ -67,6 +73,48 @@ def checks(prompt: dict, candidate: dict, split: Callable[[str], Sequence[str]],
     out = [ClaimCheck(PRECISION, c, reference, build(c, reference, images, style=style, rid=rid)) for c in split(text)]
     out += [ClaimCheck(RECALL, c, text, build(c, text, images, style=style, rid=rid)) for c in split(reference)]
     return out
+
+
+def raw_output(check: ClaimCheck, text: str) -> str:
+    """A claim row's raw output: a header naming the claim (so each claim's row is its own record, as the
+    decomposed protocol prefixes its steps), then the judge's text."""
+    return f"{HEADER.format(side=check.side, claim=check.claim)}\n{text.strip()}"
+
+
+def judge_text(raw: str) -> str:
+    """The judge's own text of a claim row's raw output (raw_output without its header)."""
+    first, _, rest = raw.partition("\n")
+    if not _HEADER_RE.match(first):
+        raise ValueError(f"not a claim row's output (no header): {first[:60]!r}")
+    return rest
+
+
+def to_judgment_fields(x: pointwise.PointwiseJudgment | base.ParseError,
+                       logprobs: Sequence[TokenLogprobs] | None = None) -> dict:
+    """A claim's judgment fields from its parsed output: a claim is rated as a pointwise response is."""
+    return pointwise.to_judgment_fields(x, logprobs)
+
+
+def fields(check: ClaimCheck, res: TextResult, readout: str = "text") -> dict:
+    """The judgment fields of one claim check (its result ok): the pointwise fields of the judge's text, with
+    parsed naming the claim; parsed["group"] keeps a candidate's claims apart as items (flywheel/curate)."""
+    f = pointwise.result_fields(res, readout)
+    if f["parse_error"] is not None:
+        return f
+    f["parsed"] = {"group": f"{check.side}: {check.claim}", "side": check.side, "claim": check.claim,
+                   "against": check.against, **f["parsed"]}
+    return f
+
+
+def candidate_scores(rows: Iterable[Mapping]) -> dict[tuple[str, str], float | None]:
+    """(prompt_id, candidate_id) -> the score of its claim rows (one sample each: a judge's, not the teacher's
+    k), None when one of them failed to parse."""
+    ratings: dict[tuple[str, str], list[float | None]] = defaultdict(list)
+    for r in rows:
+        if r["protocol"] == NAME:
+            ok = r.get("parse_error") is None and r.get("score") is not None
+            ratings[(r["prompt_id"], r["candidate_ids"][0])].append(float(r["score"]) if ok else None)
+    return {k: score(v) for k, v in ratings.items()}
 
 
 def credit(rating: float) -> float:

@@ -11,6 +11,8 @@ Per task (config `judgments.protocols`):
               it (all items in one request, or one per item); rows carry the rubric in parsed["rubric"]
   decomposed  T2I: extraction from the prompt once per (prompt, k) -> caption + answers from each image without
               the prompt -> explanations and scores; rows hold the three steps' outputs (raw) and the judgment
+  claims      RLAIF-V: a description (judgments.claim_subtasks) split into claims, each checked in its own request
+              against the reference and the reference's against it; one row per claim (parsed names it)
 An output that does not parse is kept with its raw text and the reason (`parse_error`, prefixed with the step for
 multi-step protocols) - never coerced; a request the engine fails on, or that cannot be built, is quarantined
 with its reason (there is no output to keep), and so is a row identical to an earlier one (same content hash:
@@ -39,6 +41,7 @@ from flywheel.aspects import AspectTree, Selection
 from flywheel.config import Config, JudgmentsConfig
 from flywheel.engines.base import TextEngine, TextRequest, TextResult
 from flywheel.judge import aspects as ap
+from flywheel.judge import claims as cl
 from flywheel.judge import decomposed as dc
 from flywheel.judge import pairwise as pw
 from flywheel.judge import pointwise as pt
@@ -46,6 +49,7 @@ from flywheel.judge import rubric as rb
 from flywheel.judge.base import ParseError, error_fields
 from flywheel.records import make_id
 from flywheel.stages.runner import CoreOutput, StageResult, run_stage
+from flywheel.worlds.shapes.claims import claim_texts  # the claims' splitter: the world's parser (text only)
 from flywheel.worlds.shapes.teacher import make_context
 
 log = logging.getLogger(__name__)
@@ -192,6 +196,9 @@ class JudgmentsCore:
             return [self._rubric(i, p, cands, k, out)]
         if proto == "decomposed":
             return [self._decomposed(i, p, cands, k, out)]
+        if proto == "claims":
+            return [self._claims(i, p, c, k, out) for c in cands] if p.get("subtask") in self.jcfg.claim_subtasks \
+                else []
         raise ValueError(f"unknown protocol {proto!r}")
 
     # ---- rows and rejects
@@ -325,6 +332,25 @@ class JudgmentsCore:
                 fields["parsed"] = {**fields["parsed"], "rubric": rubric.to_dict()}
             rows.append(self._row(p, [c], "rubric", k, raw, fields))
         return rows
+
+    # ---- claim checks (RLAIF-V)
+    def _claims(self, i, p, c, k, out) -> Item:
+        try:
+            checks = cl.checks(p, c, claim_texts, style=self.style)
+            reqs = [self._with(ch.request, protocol="claims", prompt=p, candidates=[c], sample_k=k, claim=ch.claim,
+                               against=ch.against) for ch in checks]
+        except (ValueError, TypeError) as e:
+            self._reject(out, i, p, [c], "claims", k, f"cannot build the requests: {e}")
+            return []
+        if not checks:  # no reference or no text to check: the other protocols judge it
+            return []
+        results = yield reqs
+        failed = [r.error for r in results if not r.ok]
+        if failed:
+            self._reject(out, i, p, [c], "claims", k, f"engine error: {failed[0]}")
+            return []
+        return [self._row(p, [c], "claims", k, cl.raw_output(ch, r.text), cl.fields(ch, r, self.readout))
+                for ch, r in zip(checks, results)]
 
     # ---- decomposed T2I
     def _decomposed(self, i, p, cands, k, out) -> Item:

@@ -107,3 +107,16 @@ def verdict(claim: Claim, text: str) -> tuple[str, int]:
     """(the analysis, the rating 1..5) of `claim` checked against `text`."""
     facts = read(text)
     return _object_verdict(claim, facts) if claim.kind == "object" else _relation_verdict(claim, facts)
+
+
+def claim_texts(text: str) -> list[str]:
+    """The words of the text's claims: the splitter the judge's claim checks use (flywheel/judge/claims.py)."""
+    return [c.text for c in split_claims(text)]
+
+
+def read_claim(words: str) -> Claim:
+    """The claim these words state (as `Claim.text` writes it); ValueError when they state none exactly."""
+    found = next((c for c in split_claims(words) if c.text == words), None)
+    if found is None:
+        raise ValueError(f"not a claim of this world: {words!r}")
+    return found

@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 ERROR_KINDS: tuple[str, ...] = ("score_jitter", "verdict_flip", "wrong_analysis")
 SPLITS: tuple[str, ...] = ("train", "id-test", "ood-test")
-PROTOCOL_NAMES: tuple[str, ...] = ("pointwise", "pairwise", "aspects", "rubric", "decomposed")
+PROTOCOL_NAMES: tuple[str, ...] = ("pointwise", "pairwise", "aspects", "rubric", "decomposed", "claims")
 TASK_NAMES: tuple[str, ...] = ("nlg", "iu", "ig", "itig")
 
 

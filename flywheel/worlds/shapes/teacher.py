@@ -39,6 +39,7 @@ from flywheel.judge import rubric as rb
 from flywheel.judge.base import clean_text, one_line
 from flywheel.worlds.shapes.assess import assess
 from flywheel.worlds.shapes.assessment import Assessment, Finding, ImageFacts, load_meta, value_score
+from flywheel.worlds.shapes.claims import read_claim, verdict
 from flywheel.worlds.shapes.config import ShapesWorldConfig
 from flywheel.worlds.shapes.oracle_config import TeacherConfig
 from flywheel.worlds.shapes.teacher_items import (TeacherError, answer_question, caption_of, extraction_for,
@@ -51,9 +52,10 @@ APPLICABLE: dict[tuple[str, str | None], tuple[str, ...]] = {
     ("aspects", None): ("score_jitter", "wrong_analysis"),
     ("rubric", "grade"): ("verdict_flip", "wrong_analysis"),
     ("decomposed", "scores"): ("score_jitter", "wrong_analysis"),
+    ("claims", None): ("score_jitter",),
 }
 STEPS = {"pointwise": (None,), "pairwise": (None,), "aspects": (None,), "rubric": ("generate", "grade"),
-         "decomposed": ("extraction", "answers", "scores")}
+         "decomposed": ("extraction", "answers", "scores"), "claims": (None,)}
 
 
 @dataclass(frozen=True)
@@ -69,13 +71,17 @@ def make_context(protocol: str, prompt: dict, candidates: Sequence[dict] = (), *
                  sample_k: int = 0, aspect: str | None = None, order: str | None = None, group: str | None = None,
                  aspects: Sequence[str] | None = None, sections: Sequence[str] | None = None,
                  rubric: rb.Rubric | None = None, item_ids: Sequence[str] | None = None,
-                 extraction: dc.Extraction | None = None, answers: dc.Answers | None = None) -> dict[str, Any]:
-    """The `TextRequest.context` the oracle judges from. candidates: in the order the request shows them."""
+                 extraction: dc.Extraction | None = None, answers: dc.Answers | None = None,
+                 claim: str | None = None, against: str | None = None) -> dict[str, Any]:
+    """The `TextRequest.context` the oracle judges from. candidates: in the order the request shows them; claim and
+    against: a claim check's claim and the text it is checked against."""
     ctx = {"protocol": protocol, "step": step, "prompt": prompt, "candidates": list(candidates),
            "sample_k": int(sample_k), "aspect": aspect, "order": order, "group": group,
            "aspects": None if aspects is None else list(aspects),
            "sections": None if sections is None else list(sections), "rubric": rubric,
            "item_ids": None if item_ids is None else list(item_ids), "extraction": extraction, "answers": answers}
+    if claim is not None:  # only claim checks carry these, so every other request's draws stay as they were
+        ctx |= {"claim": claim, "against": against}
     return ctx
 
 
@@ -195,6 +201,8 @@ class OracleTeacher:
         item = [ctx["protocol"], ctx.get("step"), _record_key(dict(prompt), "prompt_id"),
                 [_record_key(dict(c), "candidate_id") for c in ctx.get("candidates") or []], ctx.get("aspect"),
                 ctx.get("order"), ctx.get("group"), ctx.get("aspects"), ctx.get("item_ids")]
+        if "claim" in ctx:
+            item += [ctx["claim"], ctx["against"]]
         h = _sha(self.cfg.seed, int(seed), item, int(ctx.get("sample_k") or 0))
         return np.random.default_rng(int.from_bytes(h[:8], "big"))
 
@@ -254,6 +262,18 @@ class OracleTeacher:
         end = f"Both are equally good{on}." if verdict == "tie" else f"Response {verdict} is better{on}."
         text = f"Response A: {say_a(fs[0])}\nResponse B: {say_b(fs[1])}\n{end}"
         return pw.format(pw.PairwiseJudgment(clean_text(text), verdict))
+
+    # ---- claim checks
+    def _claims(self, ctx: Mapping, kind: str | None, rng: np.random.Generator) -> str:
+        """One claim checked against a text (flywheel/worlds/shapes/claims.py); its error moves the rating."""
+        try:
+            claim = read_claim(str(ctx.get("claim")))
+        except ValueError as e:
+            raise TeacherError(f"claims: {e}") from None
+        analysis, rating = verdict(claim, str(ctx.get("against") or ""))
+        if kind == "score_jitter":
+            rating = jitter(rating, pt.RATING_MIN, pt.RATING_MAX, rng, self.cfg.max_jitter)
+        return pt.format(pt.PointwiseJudgment(analysis, rating))
 
     # ---- aspects
     def _aspects(self, ctx: Mapping, kind: str | None, rng: np.random.Generator) -> str:

@@ -1,0 +1,94 @@
+"""The claims protocol in the judgments stage (RLAIF-V's divide-and-conquer): the teacher checks each claim of a
+description in its own request, each claim is a row of its own, and curation turns each into an SFT row whose
+request and target are the claim check's."""
+
+import re
+from collections import Counter, defaultdict
+
+import pytest
+
+from flywheel.aspects import AspectTree
+from flywheel.config import JudgmentsConfig
+from flywheel.curate.pipeline import curate_judge_data
+from flywheel.engines.oracle import OracleTextEngine
+from flywheel.judge import claims
+from flywheel.records import validate, with_ids
+from flywheel.stages.judgments import JudgmentsCore
+from flywheel.worlds.shapes.claims import claim_texts, read_claim, verdict
+from flywheel.worlds.shapes.gold import gold_candidates
+from flywheel.worlds.shapes.suites import SuitesConfig, generate
+
+
+@pytest.fixture(scope="module")
+def setup(cfg):
+    c = cfg.model_copy(deep=True)
+    c.judgments = JudgmentsConfig(protocols={"iu": ["claims"], "nlg": ["claims"]}, samples_per_item=2)
+    suites = SuitesConfig(prompts_per_subtask=2, subtasks=["iu_caption", "iu_color", "nlg_describe_scene"],
+                          split={"ood_subtasks": [], "ood_aspects": []})
+    prompts = with_ids("prompt", generate(suites, c.world.shapes, AspectTree.load(), seed=3))
+    cands = with_ids("candidate", [x for p in prompts for x in gold_candidates(p, c.world.gold, c.world.shapes,
+                                                                                  seed=3)[:3]])
+    gold = c.teacher.model_copy(update={"error_rate": 0.0})
+    out = JudgmentsCore(c, cands, engine=OracleTextEngine(gold, c.world.shapes))(prompts)
+    return c, prompts, cands, out
+
+
+def test_each_claim_of_a_description_is_its_own_row_checked_both_ways(setup):
+    _, prompts, cands, out = setup
+    assert not out.quarantined
+    valid, bad = validate("judgment", out.rows)
+    assert not bad and len({r["judgment_id"] for r in valid}) == len(valid) == len(out.rows)
+    prompt = {p["prompt_id"]: p for p in prompts}
+    assert {prompt[r["prompt_id"]]["subtask"] for r in out.rows} == {"iu_caption", "nlg_describe_scene"}
+    by_cand = defaultdict(list)
+    for r in out.rows:
+        if r["sample_k"] == 0:
+            by_cand[r["candidate_ids"][0]].append(r)
+    text = {c["candidate_id"]: c["output_text"] for c in cands}
+    for cid, rows in by_cand.items():
+        ref = prompt[rows[0]["prompt_id"]]["reference_text"]
+        asked = Counter((r["parsed"]["side"], r["parsed"]["claim"], r["parsed"]["against"]) for r in rows)
+        assert asked == Counter([(claims.PRECISION, w, ref) for w in claim_texts(text[cid])]
+                                + [(claims.RECALL, w, text[cid]) for w in claim_texts(ref)])
+        for r in rows:  # the teacher without errors writes the oracle's verdict, headed by its claim
+            analysis, rating = verdict(read_claim(r["parsed"]["claim"]), r["parsed"]["against"])
+            assert r["score"] == rating and r["analysis"] == analysis
+            assert r["raw_output"].startswith(f"{r['parsed']['side']} claim: {r['parsed']['claim']}\n")
+
+
+def test_a_right_description_scores_top_and_a_defective_one_lower(setup):
+    _, prompts, cands, out = setup
+    scores = claims.candidate_scores(r for r in out.rows if r["sample_k"] == 0)
+    for p in prompts:
+        if p["subtask"] == "iu_color":
+            continue
+        right, *defects = [c for c in cands if c["prompt_id"] == p["prompt_id"]]
+        assert right["output_text"] == p["reference_text"] and scores[(p["prompt_id"], right["candidate_id"])] == 5
+        assert all(scores[(p["prompt_id"], d["candidate_id"])] < 5 for d in defects if d["output_text"] !=
+                   right["output_text"])
+
+
+def test_a_failed_claim_makes_the_description_a_failure():
+    rows = [{"protocol": "claims", "prompt_id": "p", "candidate_ids": ["c"], "score": 5.0, "parse_error": None},
+            {"protocol": "claims", "prompt_id": "p", "candidate_ids": ["c"], "score": None, "parse_error": "x"},
+            {"protocol": "pointwise", "prompt_id": "p", "candidate_ids": ["d"], "score": 5.0, "parse_error": None}]
+    assert claims.candidate_scores(rows) == {("p", "c"): None}
+
+
+def test_curation_makes_one_sft_row_per_claim_with_its_request_and_verdict(setup):
+    c, prompts, cands, out = setup
+    data = curate_judge_data(out.rows, prompts, cands, style=c.judge.prompt_style)
+    rows = [r for r in data.sft if r["protocol"] == "claims"]
+    checked = set()
+    for r in rows:
+        user = "".join(p.get("text", "") for p in r["messages"][0]["content"] if p["type"] == "text")
+        claim, against = re.search(r'[Tt]he claim is "([^"]*)", the text is "([^"]*)"\.$', user).groups()
+        analysis, rating = verdict(read_claim(claim), against)
+        assert user.startswith("Claim check. Rate 1-5.\n")
+        assert r["messages"][1]["content"][0]["text"] == f"Analysis: {analysis}\nRating: {rating}"
+        checked.add((claim, against))
+    # the checks judged, each taught once however many candidates share it (score balancing then drops or
+    # repeats some); right claims and wrong ones both
+    judged = {(r["parsed"]["claim"], r["parsed"]["against"]) for r in out.rows}
+    assert checked <= judged and len(checked) > len(judged) / 2
+    assert {r["meta"]["score"] for r in rows} >= {1.0, 5.0}
