@@ -342,10 +342,12 @@ class PerturbationConfig(StrictModel):
 
 
 class MetaEvalConfig(StrictModel):
-    protocols: list[Literal["pointwise", "pairwise"]] = Field(
+    protocols: list[Literal["pointwise", "pairwise", "claims"]] = Field(
         ["pointwise", "pairwise"], min_length=1, description="Gold protocols the judge is asked in. Without "
         "pairwise, gold pairs are still scored by the judge's pointwise ratings (pointwise_ranking) but not "
-        "re-judged in both orders: for a judge never taught the pairwise protocol (judgments.protocols).")
+        "re-judged in both orders: for a judge never taught the pairwise protocol (judgments.protocols). With "
+        "claims, the pointwise items of judgments.claim_subtasks are also claim-checked, and pointwise_ranking "
+        "rates those candidates by their claims (flywheel/judge/claims.py), as the preference stage then does.")
     perturbation: PerturbationConfig = Field(PerturbationConfig(), description="Minos' perturbation checks.")
 # ---- end meta-eval
 

@@ -27,6 +27,7 @@ from flywheel.curate.judge_io import JudgeContext, Unavailable, by_id, judge_req
 from flywheel.curate.report import FilterReport, make_report, meta_of, num
 from flywheel.curate.sft import judgment_id, png_list
 from flywheel.engines.base import TextRequest
+from flywheel.judge import claims as cl
 from flywheel.records import PROTOCOLS, make_id
 
 VERDICT_VALUE = {"A": 1.0, "tie": 0.0, "B": -1.0}
@@ -106,21 +107,33 @@ def _judge_pair(c: dict, group: list[dict], cfg: JudgePairsConfig, ctx: JudgeCon
 # ---------------------------------------------------------------- policy pairs
 def candidate_scores(judgments: Iterable[dict], cfg: PolicyPairsConfig | None = None
                      ) -> dict[str, tuple[float, list[str], list[str]]]:
-    """candidate_id -> (mean judge score, sorted judges, sorted protocols) over the usable judgments."""
+    """candidate_id -> (mean judge score, sorted judges, sorted protocols) over the usable judgments. A candidate
+    with claim judgments (flywheel/judge/claims.py) is scored by them alone, one score from all its claims."""
     cfg = cfg or PolicyPairsConfig()
     acc: dict[str, list] = defaultdict(list)
+    claimed: dict[str, list] = defaultdict(list)
     for j in judgments:
         if len(j["candidate_ids"]) != 1 or is_parse_error(j):
             continue
         if cfg.protocols is not None and j["protocol"] not in cfg.protocols:
+            continue
+        if j["protocol"] == cl.NAME:
+            claimed[j["candidate_ids"][0]].append(j)
             continue
         if cfg.aspects is not None and j.get("aspect") not in cfg.aspects:
             continue
         s = num(j.get("score"))
         if s is not None:
             acc[j["candidate_ids"][0]].append((s, j["judge"], j["protocol"]))
-    return {c: (sum(x[0] for x in v) / len(v), sorted({x[1] for x in v}), sorted({x[2] for x in v}))
-            for c, v in acc.items()}
+    out = {c: (sum(x[0] for x in v) / len(v), sorted({x[1] for x in v}), sorted({x[2] for x in v}))
+           for c, v in acc.items()}
+    for c, rows in claimed.items():
+        s = cl.score([num(j.get("score")) for j in rows])
+        if s is None:
+            out.pop(c, None)
+        else:
+            out[c] = (s, sorted({j["judge"] for j in rows}), [cl.NAME])
+    return out
 
 
 def policy_pairs(candidates: Iterable[dict], judgments: Iterable[dict],

@@ -19,13 +19,14 @@ from typing import Any
 
 from flywheel.curate.balance import balance_scores, rebalance_subtasks
 from flywheel.curate.config import CurateConfig
-from flywheel.curate.consistency import consistency_filter
+from flywheel.curate.consistency import consistency_filter, is_parse_error
 from flywheel.curate.judge_io import by_id
 from flywheel.curate.pairs import judge_pairs, policy_pairs, policy_training_rows
 from flywheel.curate.pairwise import balance_positions, swap_consistency
 from flywheel.curate.report import FilterReport
 from flywheel.curate.sft import judge_sft
 from flywheel.engines.base import TextRequest
+from flywheel.judge import claims as cl
 
 
 @dataclass
@@ -88,8 +89,12 @@ def curate_policy_data(candidates: Iterable[dict], judgments: Iterable[dict],
     cfg = cfg or CurateConfig()
     candidates = list(candidates)
     out = PolicyData()
+    judgments = list(judgments)
+    # a claim the judge's output failed on fails its candidate: no score from the claims left, nor another protocol's
+    failed = {j["candidate_ids"][0] for j in judgments if j["protocol"] == cl.NAME and is_parse_error(j)}
     kept, rep = consistency_filter(judgments, gold, cfg.consistency)
     out.reports.append(rep)
+    kept = [j for j in kept if len(j["candidate_ids"]) != 1 or j["candidate_ids"][0] not in failed]
     out.pairs, rep = policy_pairs(candidates, kept, cfg.policy_pairs)
     out.reports.append(rep)
     out.dpo, out.image_pref, rep = policy_training_rows(out.pairs, prompts, candidates)

@@ -31,9 +31,10 @@ from flywheel.engines import TextRequest, make_text_engine
 from flywheel.evaluate import metric_names, perturbation
 from flywheel.evaluate.metrics import (PairItem, PointItem, one_verdict_metrics, pair_correct, pairwise_metrics,
                                       pointwise_metrics)
-from flywheel.judge import pairwise, pointwise
+from flywheel.judge import claims, pairwise, pointwise
 from flywheel.records import config_hash
 from flywheel.stages.runner import CoreOutput, run_stage, up_to_date
+from flywheel.worlds.shapes.claims import claim_texts  # the claims' splitter: the world's parser (text only)
 from flywheel.worlds.shapes.teacher import make_context  # ground truth for the oracle; models ignore it
 
 log = logging.getLogger(__name__)
@@ -52,9 +53,10 @@ class MetaEvalCore:
         self.style = cfg.judge.prompt_style
         self.readout = cfg.judge.rating_readout
         self.protocols = set(cfg.meta_eval.protocols)
+        self.claim_subtasks = set(cfg.judgments.claim_subtasks)
 
     def __call__(self, gold_rows: list[dict]) -> CoreOutput:
-        jobs: list[tuple[dict, str | None, TextRequest]] = []
+        jobs: list[tuple[dict, str | claims.ClaimCheck | None, TextRequest]] = []
         for g in gold_rows:
             prompt = self.prompts[g["prompt_id"]]
             cands = [self.candidates[c] for c in g["candidate_ids"]]
@@ -62,6 +64,12 @@ class MetaEvalCore:
                 req = pointwise.build(prompt, cands[0], style=self.style)
                 req.context = make_context("pointwise", prompt, cands)
                 jobs.append((g, None, req))
+            if (g["protocol"] == "pointwise" and g["aspect"] is None and "claims" in self.protocols
+                    and prompt.get("subtask") in self.claim_subtasks):
+                for check in claims.checks(prompt, cands[0], claim_texts, style=self.style):
+                    check.request.context = make_context("claims", prompt, cands, claim=check.claim,
+                                                         against=check.against)
+                    jobs.append((g, check, check.request))
             elif g["protocol"] == "pairwise" and "pairwise" in self.protocols:
                 for order, req in pairwise.build_both(prompt, cands[0], cands[1], g["aspect"],
                                                                    style=self.style).items():
@@ -75,13 +83,17 @@ class MetaEvalCore:
                 out.quarantined.append({"kind": "judgment", "index": 0, "reason": f"judge: {res.error}",
                                         "field": "raw_output", "raw": {"gold": g["judgment_id"], "order": order}})
                 continue
-            if order is None:
+            protocol, raw = g["protocol"], res.text
+            if isinstance(order, claims.ClaimCheck):
+                protocol, raw, fields, order = claims.NAME, claims.raw_output(order, res.text), claims.fields(
+                    order, res, self.readout), None
+            elif order is None:
                 fields = pointwise.result_fields(res, self.readout)
             else:
                 fields = pairwise.result_fields(res, order, self.readout)
             out.rows.append({"prompt_id": g["prompt_id"], "candidate_ids": g["candidate_ids"], "judge": self.judge,
-                             "protocol": g["protocol"], "aspect": g["aspect"], "order": order, "sample_k": 0,
-                             "raw_output": res.text, **fields})
+                             "protocol": protocol, "aspect": g["aspect"], "order": order, "sample_k": 0,
+                             "raw_output": raw, **fields})
         return out
 
 
@@ -91,7 +103,9 @@ def _by_id(uris: str | list[str], kind: str) -> dict[str, dict]:
 
 
 def _key(row: dict) -> tuple:
-    return row["prompt_id"], tuple(row["candidate_ids"]), row["protocol"], row["aspect"]
+    """The gold item a judged row answers: a claim check answers its candidate's pointwise item."""
+    protocol = "pointwise" if row["protocol"] == claims.NAME else row["protocol"]
+    return row["prompt_id"], tuple(row["candidate_ids"]), protocol, row["aspect"]
 
 
 # name -> (points, pairs, ranked, balanced): pointwise items, pairwise verdicts in both orders, pairs ordered by
@@ -105,9 +119,12 @@ def _slices(gold: list[dict], judged: list[dict], prompts: dict[str, dict], unse
     judgment id: one code path for the metrics and for the per-pair outcomes a paired gate test compares."""
     by_key: dict[tuple, dict[str | None, dict]] = defaultdict(dict)
     for j in judged:
-        by_key[_key(j)][j["order"]] = j
+        if j["protocol"] != claims.NAME:
+            by_key[_key(j)][j["order"]] = j
     rating = {(j["prompt_id"], j["candidate_ids"][0]): j["score"] if j["parse_error"] is None else None
               for j in judged if j["protocol"] == "pointwise" and j["aspect"] is None}
+    if "claims" in protocols:  # a description with claim checks is rated by them (as the preference stage does)
+        rating |= claims.candidate_scores(judged)
     slices: Slices = defaultdict(lambda: ([], [], [], []))
     for g in gold:
         p = prompts[g["prompt_id"]]

@@ -2,7 +2,7 @@
 from collections import Counter
 
 import pytest
-from curate_helpers import (T2I_QUERY, candidate, decomposed, pairwise, png, pointwise, prompt, valid)
+from curate_helpers import T2I_QUERY, _row, candidate, decomposed, pairwise, png, pointwise, prompt, valid
 from pydantic import BaseModel, ValidationError
 
 from flywheel.curate import CurateConfig, curate_judge_data, curate_policy_data, metrics
@@ -90,6 +90,31 @@ def test_policy_data_end_to_end():
     assert out.image_pref == []
     stored = [validate(k, r)[0] for k, r in (("candidate", cands), ("judgment", js), ("prompt", [p]))]
     assert [r["dpo_id"] for r in curate_policy_data(*stored).dpo] == [r["dpo_id"] for r in out.dpo]
+
+
+def test_policy_pairs_rank_a_description_by_its_claims_and_never_by_part_of_them():
+    from flywheel.engines.base import TextResult
+    from flywheel.judge import claims as cl
+    from flywheel.worlds.shapes.claims import claim_texts
+
+    p = prompt("Describe the image.", subtask="iu_caption", images=[png(1)], reference_text="A red circle.")
+    cands = [candidate(p, t, index=i) for i, t in enumerate(["A red circle.", "A blue circle.", "A red square."])]
+
+    def rows(c, ratings):  # the judge's claim rows of one candidate, a rating per claim (None: unparsed output)
+        checks = cl.checks(p, c, claim_texts)
+        out = []
+        for ch, r in zip(checks, ratings, strict=True):
+            text = f"Analysis: checked.\nRating: {r}" if r else "no rating"
+            res = TextResult(text=text)
+            out.append(_row(p, [c["candidate_id"]], "claims", 0, cl.raw_output(ch, text), cl.fields(ch, res)))
+        return out
+
+    js = [pointwise(p, c, 0, r) for c, r in zip(cands, (1, 5, 4))]  # the holistic ratings say the opposite
+    js += rows(cands[0], [5, 4]) + rows(cands[1], [2, 1]) + rows(cands[2], [5, None])
+    out = curate_policy_data(cands, js, [p])
+    (pair,) = out.pairs  # the right caption over the wrong one; the third, with a failed claim, is not scored
+    assert (pair["chosen_id"], pair["rejected_id"], pair["margin"]) == (cands[0]["candidate_id"],
+                                                                        cands[1]["candidate_id"], 3.0)
 
 
 def _models(model: type[BaseModel]):

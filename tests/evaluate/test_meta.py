@@ -310,3 +310,47 @@ def test_items_without_a_sub_task_get_no_sub_task_slice():
     subtasks = {k.split("/")[1] for k in metrics if k.startswith("subtask/")}
     assert subtasks == {"iu_count", "nlg_describe_scene"}
     assert metrics["task/iu/pointwise_ranking/n"] > metrics["subtask/iu_count/pointwise_ranking/n"]
+
+
+def test_claim_checks_rate_a_description_in_the_ranking_and_one_failed_claim_fails_it():
+    """No Ray: with claims among the protocols, a candidate's claim rows replace its pointwise rating."""
+    prompts = {"p": {"task": "iu", "subtask": "iu_caption"}}
+    gold = [{"judgment_id": f"g{i}", "prompt_id": "p", "candidate_ids": ids, "protocol": "pairwise", "aspect": None,
+             "verdict": "A", "score": None} for i, ids in enumerate([["a", "b"], ["a", "c"], ["a", "d"]])]
+
+    def row(cid, protocol, score, error=None):
+        return {"prompt_id": "p", "candidate_ids": [cid], "protocol": protocol, "aspect": None, "order": None,
+                "score": score, "parse_error": error}
+
+    judged = [row("a", "pointwise", 2), row("b", "pointwise", 4), row("c", "pointwise", 1),
+              row("a", "claims", 5), row("a", "claims", 4), row("b", "claims", 1), row("b", "claims", 5),
+              row("c", "claims", 5), row("c", "claims", None, "no 'Rating:' line"),
+              row("d", "pointwise", 3), row("d", "claims", 2)]
+    holistic = meta.score_split(gold, judged, prompts, set(), set(), ("pointwise",))
+    by_claims = meta.score_split(gold, judged, prompts, set(), set(), ("pointwise", "claims"))
+    # by the ratings: a(2) < b(4) wrong, a(2) > c(1) right, a(2) < d(3) wrong
+    assert holistic["all/pointwise_ranking/accuracy"] == pytest.approx(1 / 3)
+    # by the claims: a's 4.5 > b's 3 right, a's 4.5 > d's 2 right; c has a failed claim: no rating, so wrong
+    # (never its pointwise rating instead)
+    assert by_claims["all/pointwise_ranking/accuracy"] == pytest.approx(2 / 3)
+    assert by_claims["all/pointwise_ranking/parse_failure_rate"] == pytest.approx(1 / 3)
+
+
+def test_claims_meta_eval_checks_only_descriptions_and_rates_them_by_their_claims(gold_uri):
+    from flywheel.datasets import read_dataset
+
+    c, root = gold_uri
+    with_claims = c.model_copy(update={"meta_eval": c.meta_eval.model_copy(
+        update={"protocols": ["pointwise", "claims"]})})
+    res = meta.run(with_claims, str(root / "gold"), str(root / "me-claims"),
+                   engine_factory=lambda: gold_engine(c.world.shapes))
+    judged = read_dataset(str(root / "me-claims" / "id-test"))[0].to_pylist()
+    prompts = {p["prompt_id"]: p for p in read_dataset(str(root / "gold" / "id-test" / "prompts"))[0].to_pylist()}
+    claimed = {prompts[j["prompt_id"]]["subtask"] for j in judged if j["protocol"] == "claims"}
+    assert claimed == {"iu_caption", "nlg_describe_scene"}
+    assert all(j["parse_error"] is None and j["raw_output"].split("\n")[0].endswith(json.loads(j["parsed"])["claim"])
+               for j in judged if j["protocol"] == "claims")
+    m = res["id-test"]
+    assert m["all/pointwise/exact"] == 1.0  # the pointwise items are judged as before
+    assert m["subtask/iu_color/pointwise_ranking/accuracy"] == 1.0  # non-descriptions still by their ratings
+    assert 0.5 < m["subtask/iu_caption/pointwise_ranking/accuracy"] <= 1.0  # the claims' own ceiling
