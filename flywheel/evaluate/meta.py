@@ -195,8 +195,9 @@ def pair_outcomes(name: str, gold: list[dict], judged: list[dict], prompts: dict
         raise ValueError(f"{name!r} is not a per-pair accuracy (<slice>/{{{'|'.join(metric_names.PER_PAIR)}}}"
                          "/accuracy)")
     slice_name, protocol = parsed
-    # both protocols: the metric exists only if its own was asked, and asking another changes none of its items
-    slices = _slices(gold, judged, prompts, unseen_aspects, ood_subtasks, ("pointwise", "pairwise"))
+    # every protocol: the metric exists only if its own was asked, asking another changes none of its items, and
+    # claim rows, where the judge was asked for them, rate their candidates as score_split did
+    slices = _slices(gold, judged, prompts, unseen_aspects, ood_subtasks, ("pointwise", "pairwise", claims.NAME))
     _, pairs, ranked, balanced = slices.get(slice_name, ([], [], [], []))
     items = {"pairwise": pairs, "pointwise_ranking": ranked, "pairwise_balanced": balanced}[protocol]
     return {i.key: pair_correct(i) for i in items}
@@ -240,7 +241,7 @@ def stored_outcomes(cfg: Config, gold_uri: str, output_uri: str, metric: str) ->
 
 def _scores(gold: list[dict], judged: list[dict]) -> dict[str, float | None]:
     """Gold judgment id -> the judge's pointwise score of that item (None: unparsed, or not judged at all)."""
-    by_key = {_key(j): j for j in judged if j["order"] is None}
+    by_key = {_key(j): j for j in judged if j["order"] is None and j["protocol"] != claims.NAME}
     out: dict[str, float | None] = {}
     for g in gold:
         j = by_key.get(_key(g))

@@ -334,6 +334,11 @@ def test_claim_checks_rate_a_description_in_the_ranking_and_one_failed_claim_fai
     # (never its pointwise rating instead)
     assert by_claims["all/pointwise_ranking/accuracy"] == pytest.approx(2 / 3)
     assert by_claims["all/pointwise_ranking/parse_failure_rate"] == pytest.approx(1 / 3)
+    # the gate's paired test reads the same outcomes; the perturbation checks read the pointwise rating itself
+    outcomes = meta.pair_outcomes("all/pointwise_ranking/accuracy", gold, judged, prompts, set(), set())
+    assert outcomes == {"g0": True, "g1": False, "g2": True}
+    item = {"judgment_id": "ga", "prompt_id": "p", "candidate_ids": ["a"], "protocol": "pointwise", "aspect": None}
+    assert meta._scores([item], judged) == {"ga": 2}
 
 
 def test_claims_meta_eval_checks_only_descriptions_and_rates_them_by_their_claims(gold_uri):
