@@ -32,7 +32,12 @@ def score_key(row: dict) -> tuple[Hashable, Hashable] | None:
     sft rows: bucket = meta["score"] (the rating of a pointwise/aspects/rubric target, the 0..10 score of a
     decomposed scoring or summary_scoring sample); stratum (protocol, sample kind for decomposed, aspect,
     dimension), so e.g. appearance question scores are balanced apart from relationship ones (as in T2I).
+    Claim checks pass through as verdicts do: a claim's rating names its verdict (5 stated, 3 another count, 2
+    another attribute, 1 absent), not a quality, and the teacher's rare off-verdict ratings (a jittered 4) were
+    up-sampled into a fifth of the claim rows, teaching the judge to rate a stated claim 4 (runs/claims, 2026-11-29).
     """
+    if row.get("protocol") == "claims":
+        return None
     if "messages" in row or "sft_id" in row:
         m = meta_of(row)
         s = num(m.get("score"))

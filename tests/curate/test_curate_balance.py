@@ -104,6 +104,18 @@ def test_sft_rows_balance_by_meta_score_per_sample_kind_and_dimension():
     assert rep.stats["passed_through"] == 1
 
 
+def test_claim_checks_pass_through_the_score_balance_as_verdicts_do():
+    """A claim's rating is its verdict class: balancing it by score once repeated the teacher's rare off-verdict
+    ratings (a jittered 4) into a fifth of the claim rows."""
+    def sft(score, i):
+        return {"sft_id": f"sf_claim_{score}_{i}", "messages": "[]", "protocol": "claims", "meta": {"score": score}}
+    rows = [sft(5, i) for i in range(6)] + [sft(1, i) for i in range(5)] + [sft(4, 0)]
+    assert score_key(rows[0]) is None
+    out, rep = rebalance(rows, score_key, seed=0)
+    assert sorted(r["sft_id"] for r in out) == sorted(r["sft_id"] for r in rows)  # nothing cut, nothing repeated
+    assert rep.stats["passed_through"] == len(rows)
+
+
 def test_balance_scores_by_config():
     rows = rated({1: 1, 3: 3, 5: 8})
     assert balance_scores(rows, ScoreBalanceConfig(method="none"))[0] == rows
