@@ -53,21 +53,15 @@ def gold_pairs(workdir: str, split: str) -> tuple[list[dict], dict, dict]:
 
 
 def split_text(text: str) -> list[str]:
-    from flywheel.worlds.shapes.claims import split_claims
+    from flywheel.worlds.shapes.claims import claim_texts
 
-    return [c.text for c in split_claims(text)]
-
-
-def _claim(check):
-    from flywheel.worlds.shapes.claims import split_claims
-
-    return next(c for c in split_claims(check.claim) if c.text == check.claim)
+    return claim_texts(text)
 
 
 def oracle_rating(check) -> int:
-    from flywheel.worlds.shapes.claims import verdict
+    from flywheel.worlds.shapes.claims import read_claim, verdict
 
-    return verdict(_claim(check), check.against)[1]
+    return verdict(read_claim(check.claim), check.against)[1]
 
 
 def judge_scores(engine, items: list[tuple[dict, dict]]) -> tuple[list[float | None], list[float | None],
@@ -75,6 +69,7 @@ def judge_scores(engine, items: list[tuple[dict, dict]]) -> tuple[list[float | N
     """Per (prompt, candidate): the holistic pointwise score, the claim score; and each claim's (written rating,
     oracle rating, kind)."""
     from flywheel.judge import claims, pointwise
+    from flywheel.worlds.shapes.claims import read_claim
 
     holistic = [pointwise.result_fields(r, "expected")["score"] if r.ok else None
                 for r in engine.generate([pointwise.build(p, c, style="compact") for p, c in items])]
@@ -88,7 +83,7 @@ def judge_scores(engine, items: list[tuple[dict, dict]]) -> tuple[list[float | N
             f = pointwise.result_fields(next(results), "expected")
             ratings.append(f["score"])
             written.append(((f["parsed"] or {}).get("rating") if isinstance(f["parsed"], dict) else None,
-                            oracle_rating(ch), _claim(ch).kind))
+                            oracle_rating(ch), read_claim(ch.claim).kind))
         scored.append(claims.score(ratings) if chs else None)
     return holistic, scored, written
 
