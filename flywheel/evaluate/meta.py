@@ -42,7 +42,8 @@ SPLITS = ("id-test", "ood-test")
 
 
 class MetaEvalCore:
-    """Gold judgment rows in → the judge's judgment rows for the same items (pointwise once, pairwise AB and BA)."""
+    """Gold judgment rows in → the judge's judgment rows for the same items (pointwise once, pairwise AB and BA;
+    with meta_eval.protocols' claims, a row per claim of a description's pointwise item)."""
 
     def __init__(self, cfg: Config, prompts_uri: str | list[str], candidates_uri: str | list[str], engine=None,
                  role: str = "judge"):
@@ -64,18 +65,18 @@ class MetaEvalCore:
                 req = pointwise.build(prompt, cands[0], style=self.style)
                 req.context = make_context("pointwise", prompt, cands)
                 jobs.append((g, None, req))
-            if (g["protocol"] == "pointwise" and g["aspect"] is None and "claims" in self.protocols
-                    and prompt.get("subtask") in self.claim_subtasks):
-                for check in claims.checks(prompt, cands[0], claim_texts, style=self.style):
-                    check.request.context = make_context("claims", prompt, cands, claim=check.claim,
-                                                         against=check.against)
-                    jobs.append((g, check, check.request))
             elif g["protocol"] == "pairwise" and "pairwise" in self.protocols:
                 for order, req in pairwise.build_both(prompt, cands[0], cands[1], g["aspect"],
                                                                    style=self.style).items():
                     shown = cands if order == "AB" else cands[::-1]
                     req.context = make_context("pairwise", prompt, shown, aspect=g["aspect"], order=order)
                     jobs.append((g, order, req))
+            if (g["protocol"] == "pointwise" and g["aspect"] is None and "claims" in self.protocols
+                    and prompt.get("subtask") in self.claim_subtasks):
+                for check in claims.checks(prompt, cands[0], claim_texts, style=self.style):
+                    check.request.context = make_context("claims", prompt, cands, claim=check.claim,
+                                                         against=check.against)
+                    jobs.append((g, check, check.request))
         results = self.engine.generate([r for _, _, r in jobs])
         out = CoreOutput()
         for (g, order, _), res in zip(jobs, results, strict=True):
@@ -84,9 +85,10 @@ class MetaEvalCore:
                                         "field": "raw_output", "raw": {"gold": g["judgment_id"], "order": order}})
                 continue
             protocol, raw = g["protocol"], res.text
-            if isinstance(order, claims.ClaimCheck):
-                protocol, raw, fields, order = claims.NAME, claims.raw_output(order, res.text), claims.fields(
-                    order, res, self.readout), None
+            if isinstance(order, claims.ClaimCheck):  # a claim row: its own protocol, its raw output headed
+                check, order = order, None
+                protocol, raw, fields = claims.NAME, claims.raw_output(check, res.text), claims.fields(
+                    check, res, self.readout)
             elif order is None:
                 fields = pointwise.result_fields(res, self.readout)
             else:

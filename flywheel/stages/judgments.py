@@ -49,9 +49,7 @@ from flywheel.judge import rubric as rb
 from flywheel.judge.base import ParseError, error_fields
 from flywheel.records import make_id
 from flywheel.stages.runner import CoreOutput, StageResult, run_stage
-from flywheel.worlds.shapes.claims import (
-    claim_texts,  # the claims' splitter: the world's parser (text only)
-)
+from flywheel.worlds.shapes.claims import claim_texts  # the claims' splitter: the world's parser (text only)
 from flywheel.worlds.shapes.teacher import make_context
 
 log = logging.getLogger(__name__)

@@ -115,7 +115,7 @@ def _fits(m: Mention, colour: str | None, shape: str | None) -> bool:
 
 
 # ---- captions ------------------------------------------------------------------------------------------
-def _items(mentions: list[Mention]) -> list[Mention]:
+def caption_items(mentions: list[Mention]) -> list[Mention]:
     """Objects a caption introduces: indefinite mentions with a shape, expanded by count (plural without a
     number = 2); a definite one ('the red circle') only if nothing like it was introduced before."""
     out: list[Mention] = []
@@ -128,7 +128,8 @@ def _items(mentions: list[Mention]) -> list[Mention]:
     return out
 
 
-def _statements(sent_toks: list[str], mentions: list[Mention]) -> list[tuple[Mention, str, Mention, bool]]:
+def relation_statements(sent_toks: list[str], mentions: list[Mention]
+                        ) -> list[tuple[Mention, str, Mention, bool]]:
     """(subject, relation, object, negated) from one sentence: 'A is left of B', 'left of B is A',
     'A is above and to the left of B' (both relations, same subject and object). A phrase followed by a comma
     ('a red circle on the left, a blue square ...') places its subject in the image, not relative to B."""
@@ -154,7 +155,7 @@ def check_caption(text: str, scene: Scene) -> TextCheck:
     sents = [tokens(s) for s in sentences(text)]
     per_sent = [find_mentions(t) for t in sents]
     mentions = [m for ms in per_sent for m in ms]
-    items = _items(mentions)
+    items = caption_items(mentions)
     counted = [m for m in mentions if not m.definite and m.count is not None]
     if not items and not counted:
         return TextCheck("caption", "unparseable", None, None, {}, "unparseable: no shapes mentioned")
@@ -185,7 +186,7 @@ def check_caption(text: str, scene: Scene) -> TextCheck:
 
     relations = []
     for toks, ms in zip(sents, per_sent):
-        for s, rel, o, neg in _statements(toks, ms):
+        for s, rel, o, neg in relation_statements(toks, ms):
             cands = [(a, b) for a in range(len(objs)) for b in range(len(objs)) if a != b
                      and _fits(s, objs[a].colour, objs[a].shape) and _fits(o, objs[b].colour, objs[b].shape)]
             if cands:  # statements about absent objects are hallucinations, not relation errors

@@ -17,7 +17,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from flywheel.worlds.shapes.assessment import np_
-from flywheel.worlds.shapes.check_text import _items, _statements
+from flywheel.worlds.shapes.check_text import caption_items, relation_statements
 from flywheel.worlds.shapes.text_parse import find_mentions, sentences, tokens
 from flywheel.worlds.shapes.vocab import INVERSE, RELATION_PHRASES
 
@@ -55,10 +55,10 @@ class TextFacts:
 def read(text: str) -> TextFacts:
     sents = [tokens(s) for s in sentences(text or "")]
     per_sentence = [find_mentions(t) for t in sents]
-    items = _items([m for ms in per_sentence for m in ms])
+    items = caption_items([m for ms in per_sentence for m in ms])
     rels = set()
     for toks, ms in zip(sents, per_sentence):
-        for s, rel, o, negated in _statements(toks, ms):
+        for s, rel, o, negated in relation_statements(toks, ms):
             if not negated and s.shape and o.shape:
                 rels.add(((s.colour, s.shape), rel, (o.colour, o.shape)))
     return TextFacts(Counter((m.colour, m.shape) for m in items), frozenset(rels))
