@@ -92,3 +92,25 @@ def test_curation_makes_one_sft_row_per_claim_with_its_request_and_verdict(setup
     judged = {(r["parsed"]["claim"], r["parsed"]["against"]) for r in out.rows}
     assert checked <= judged and len(checked) > len(judged) / 2
     assert {r["meta"]["score"] for r in rows} >= {1.0, 5.0}
+
+
+def test_the_teacher_refuses_a_claim_this_world_cannot_read(setup):
+    from flywheel.worlds.shapes.teacher import OracleTeacher, TeacherError, make_context
+
+    c, prompts, cands, _ = setup
+    p = next(x for x in prompts if x["subtask"] == "iu_caption")
+    cand = next(x for x in cands if x["prompt_id"] == p["prompt_id"])
+    teacher = OracleTeacher(c.teacher, c.world.shapes)
+    ctx = make_context("claims", p, [cand], claim="a red circle", against="A red circle.")
+    assert teacher.answer(ctx) == "Analysis: The text has a red circle.\nRating: 5"
+    with pytest.raises(TeacherError, match="not a claim of this world: 'something shiny'"):
+        teacher.answer(make_context("claims", p, [cand], claim="something shiny", against="A red circle."))
+
+
+def test_a_claim_row_whose_output_lost_its_header_makes_no_sft_row(setup):
+    c, prompts, cands, out = setup
+    row = next(r for r in out.rows if r["sample_k"] == 0)
+    broken = {**row, "raw_output": row["raw_output"].split("\n", 1)[1]}  # the judge's text without its claim
+    data = curate_judge_data([broken], prompts, cands, style=c.judge.prompt_style)
+    assert data.sft == []
+    assert next(r for r in data.reports if r.name == "judge_sft").dropped == {"unformattable": 1}
