@@ -72,7 +72,7 @@ class MetaEvalCore:
                     req.context = make_context("pairwise", prompt, shown, aspect=g["aspect"], order=order)
                     jobs.append((g, order, req))
             if (g["protocol"] == "pointwise" and g["aspect"] is None and "claims" in self.protocols
-                    and prompt.get("subtask") in self.claim_subtasks):
+                    and prompt.get("subtask") in self.claim_subtasks and not _perturbed(prompt, cands[0])):
                 for check in claims.checks(prompt, cands[0], claim_texts, style=self.style):
                     check.request.context = make_context("claims", prompt, cands, claim=check.claim,
                                                          against=check.against)
@@ -102,6 +102,11 @@ class MetaEvalCore:
 def _by_id(uris: str | list[str], kind: str) -> dict[str, dict]:
     uris = [uris] if isinstance(uris, str) else uris
     return {r[f"{kind}_id"]: r for uri in uris for r in read_dataset(uri, kind)[0].to_pylist()}
+
+
+def _perturbed(prompt: dict, candidate: dict) -> bool:
+    """A perturbation check's copy: its metrics read the pointwise rating alone, so claim-checking it is waste."""
+    return any("perturbation" in perturbation.meta_of(r) for r in (prompt, candidate))
 
 
 def _key(row: dict) -> tuple:

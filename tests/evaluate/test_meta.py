@@ -353,6 +353,9 @@ def test_claims_meta_eval_checks_only_descriptions_and_rates_them_by_their_claim
     prompts = {p["prompt_id"]: p for p in read_dataset(str(root / "gold" / "id-test" / "prompts"))[0].to_pylist()}
     claimed = {prompts[j["prompt_id"]]["subtask"] for j in judged if j["protocol"] == "claims"}
     assert claimed == {"iu_caption", "nlg_describe_scene"}
+    # the perturbed copies are rated by their pointwise rows alone (what the perturbation metrics read): no claims
+    perturbed = read_dataset(str(root / "me-claims" / "perturb" / "id-test" / "judged"))[0].to_pylist()
+    assert perturbed and {j["protocol"] for j in perturbed} == {"pointwise"}
     assert all(j["parse_error"] is None and j["raw_output"].split("\n")[0].endswith(json.loads(j["parsed"])["claim"])
                for j in judged if j["protocol"] == "claims")
     m = res["id-test"]
