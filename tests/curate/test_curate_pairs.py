@@ -2,7 +2,7 @@
 ties dropped), with their training rows."""
 import json
 
-from curate_helpers import JUDGE, candidate, check_report, messages, pairwise, png, pointwise, prompt, valid
+from curate_helpers import JUDGE, _row, candidate, check_report, messages, pairwise, png, pointwise, prompt, valid
 
 from flywheel.curate.config import JudgePairsConfig, PolicyPairsConfig
 from flywheel.curate.consistency import consistency_filter, item_key
@@ -132,3 +132,37 @@ def test_policy_training_rows_text_and_image():
     check_report(rep, 3, 2, {"mixed_output": 1}, dpo=1, image_pref=1)
     valid("dpo", dpos)
     valid("image_pref", prefs)
+
+
+def test_claim_rows_make_judge_pairs_per_claim_with_the_claim_check_as_prompt():
+    """A claim check's k samples pair like pointwise ones (majority over the flipped verdict), each claim apart:
+    the DPO prompt is the claim-check request, chosen and rejected the two outputs without their claim header."""
+    from flywheel.engines.base import TextResult
+    from flywheel.judge import claims as cl
+    from flywheel.worlds.shapes.claims import claim_texts
+
+    p = prompt("Describe the image.", subtask="iu_caption", images=[png(1)], reference_text="A red circle.")
+    c = candidate(p, "A red circle and a blue square.")
+    checks = cl.checks(p, c, claim_texts)  # red circle, blue square (response's), red circle (reference's)
+    ratings = {0: [5, 5, 1], 1: [1, 1, 1], 2: [5, 1, 5]}  # a flip on claims 0 and 2; claim 1 agrees
+    rows = []
+    for i, ch in enumerate(checks):
+        for k, r in enumerate(ratings[i]):
+            text = f"Analysis: Claim {i} sample {k}.\nRating: {r}"
+            rows.append(_row(p, [c["candidate_id"]], "claims", k, cl.raw_output(ch, text),
+                             cl.fields(ch, TextResult(text=text))))
+    kept, _ = consistency_filter(rows)
+    pairs, dpos, rep = judge_pairs(rows, kept, [p], [c], JudgePairsConfig(min_delta={"claims": 2.0}))
+    check_report(rep, 3, 2, {"no_disagreement": 1})
+    assert len({json.dumps(messages(d, "prompt")) for d in dpos}) == 2  # two claims, two distinct requests
+    for pair, dpo in zip(pairs, dpos):
+        assert (pair["chosen_score"], pair["rejected_score"], pair["margin"]) == (5.0, 1.0, 4.0)
+        i = next(i for i, ch in enumerate(checks) if messages(dpo, "prompt") == cl.build(
+            ch.claim, ch.against, [png(1)], style="minos").messages)  # JudgeContext's default style
+        assert i in (0, 2) and dpo["protocol"] == "claims"
+        assert messages(dpo, "chosen")[0]["content"][0]["text"].startswith(f"Analysis: Claim {i} sample ")
+        assert messages(dpo, "rejected")[0]["content"][0]["text"].endswith("Rating: 1")
+    valid("pair", pairs)
+    valid("dpo", dpos)
+    assert judge_pairs(rows, kept, [p], [c], JudgePairsConfig(min_delta={"pointwise": 2.0}))[2].dropped == {
+        "unsupported_protocol": 3}

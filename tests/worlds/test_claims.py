@@ -8,6 +8,7 @@ from flywheel.worlds.shapes.claims import (
     EXACT,
     OTHER_ATTRIBUTE,
     OTHER_COUNT,
+    misread,
     split_claims,
     verdict,
 )
@@ -53,3 +54,17 @@ def test_a_relation_claim_holds_when_the_text_states_it_either_way_round():
         "The text says the red circle is to the right of the blue square.", ABSENT)
     assert verdict(claim, "A red circle and a blue square.") == (
         "The text does not place the red circle against the blue square.", ABSENT)
+
+
+@pytest.mark.parametrize("claim_of, against, analysis, rating", [
+    ("A red circle.", "A red circle.", "The text has no red shape.", ABSENT),  # stated, reported absent
+    ("Two red circles.", "A red circle.", "The text has two red circles.", EXACT),  # the other verdicts: stated
+    ("A triangle.", "A blue square.", "The text has a triangle.", EXACT),
+    ("A red circle to the left of a blue square.", "A blue square to the right of a red circle.",
+     "The text does not place the red circle against the blue square.", ABSENT),
+])
+def test_a_misread_claim_gets_the_opposite_verdict_with_its_analysis(claim_of, against, analysis, rating):
+    claim = split_claims(claim_of)[-1]
+    assert verdict(claim, against)[1] != rating
+    assert misread(claim, verdict(claim, against)[1]) == (analysis, rating)
+

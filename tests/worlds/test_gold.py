@@ -11,6 +11,7 @@ from flywheel.stages import gold as gold_stage
 from flywheel.stages.gold import build_gold
 from flywheel.worlds.shapes.gold import variant_of
 from flywheel.worlds.shapes.suites import generate
+from flywheel.worlds.shapes.teacher import TEACHER_VERSION
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +42,8 @@ def test_every_split_has_pointwise_and_pairwise_gold(sets, gcfg):
         by = Counter(r["protocol"] for r in gs.judgments)
         assert by["pointwise"] == len(gs.candidates), split  # every output has its gold score
         assert by["pairwise"] > 0 and by["decomposed"] > 0
-        assert all(r["parse_error"] is None and r["sample_k"] == 0 and r["judge"].startswith("oracle:shapes@v1-e0-")
+        assert all(r["parse_error"] is None and r["sample_k"] == 0
+                   and r["judge"].startswith(f"oracle:shapes@v{TEACHER_VERSION}-e0-")
                    for r in gs.judgments)
         pairs = [r for r in gs.judgments if r["protocol"] == "pairwise"]
         assert all(r["verdict"] in ("A", "B") for r in pairs)  # ties excluded

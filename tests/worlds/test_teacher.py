@@ -200,3 +200,25 @@ def test_gold_variants_cover_correct_partly_wrong_and_wrong(candidates):
     variants = {variant_of(c) for c in candidates}
     assert {"correct", "verbose", "wrong", "near_miss", "unreadable", "missing", "wrong_colour", "extra",
             "swapped", "other_scene", "wrong_shape", "noise", "blur", "wrong_text"} <= variants
+
+
+def test_claim_check_errors_are_verdict_flips_on_the_verdict_scale(prompts):
+    """An erring claim check is a parseable wrong verdict with its analysis (a stated claim reported absent, any
+    other reported stated), never a jittered 4; pointwise-only error kinds leave claim checks alone."""
+    p = next(x for x in prompts if x["subtask"] == "iu_caption")
+    cand = {"candidate_id": "c", "prompt_id": p["prompt_id"], "output_text": "A red circle."}
+    always = OracleTeacher(TeacherConfig(error_rate=1.0, error_kinds={"verdict_flip": 1.0}), WORLD)
+    seen = set()
+    for claim, against, flipped in (("a red circle", "A red circle and a blue square.", "The text has no red shape."),
+                                    ("a green square", "A red circle.", "The text has a green square.")):
+        for k in range(4):
+            ans = always.answer_detail({**make_context("claims", p, [cand], claim=claim, against=against),
+                                        "sample_k": k})
+            assert ans.error == "verdict_flip" and ans.text != ans.gold
+            j = pt.parse(ans.text)
+            assert j.analysis == flipped and j.rating == 6 - pt.parse(ans.gold).rating  # 5 <-> 1 here
+            seen.add(j.rating)
+    assert seen == {1, 5}
+    jitter_only = OracleTeacher(TeacherConfig(error_rate=1.0, error_kinds={"score_jitter": 1.0}), WORLD)
+    ans = jitter_only.answer_detail(make_context("claims", p, [cand], claim="a red circle", against="A red circle."))
+    assert ans.error is None and ans.text == "Analysis: The text has a red circle.\nRating: 5"

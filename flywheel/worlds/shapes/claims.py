@@ -9,7 +9,7 @@ circles", "a triangle") or a stated relation ("the red circle is to the left of 
 `verdict(claim, text)` is what the oracle teacher writes for a claim checked against another text (a caption
 against the prompt's reference, and the reference's claims against the caption): the look-up, keyed by colour
 as captions name objects (colour before shape), and a rating: 5 the text says it, 3 it says it with another
-count, 2 another colour or shape, 1 nothing like it.
+count, 2 another colour or shape, 1 nothing like it. `misread` is the wrong verdict a noisy labeler writes.
 """
 from __future__ import annotations
 
@@ -107,6 +107,18 @@ def verdict(claim: Claim, text: str) -> tuple[str, int]:
     """(the analysis, the rating 1..5) of `claim` checked against `text`."""
     facts = read(text)
     return _object_verdict(claim, facts) if claim.kind == "object" else _relation_verdict(claim, facts)
+
+
+def misread(claim: Claim, rating: int) -> tuple[str, int]:
+    """The verdict of a labeler who misread the text (the teacher's verdict_flip): a claim the text states is
+    reported absent, any other reported stated, each with the analysis that verdict would have."""
+    if rating != EXACT:
+        return ("The text says so.", EXACT) if claim.kind == "relation" else (f"The text has {claim.text}.", EXACT)
+    if claim.kind == "relation":
+        a, b = np_(*claim.subject, article="the"), np_(*claim.object, article="the")
+        return f"The text does not place {a} against {b}.", ABSENT
+    colour, shape = claim.group
+    return f"The text has no {f'{colour} shape' if colour else shape}.", ABSENT
 
 
 def claim_texts(text: str) -> list[str]:

@@ -32,7 +32,8 @@ class TeacherConfig(BaseModel):
         {"score_jitter": 1.0, "verdict_flip": 1.0, "wrong_analysis": 1.0},
         description="Relative weights of the error kinds, renormalised over the kinds that apply to a request. "
         "score_jitter: a score moves by 1..max_jitter (pointwise rating, one aspect score, the decomposed overall "
-        "score); verdict_flip: a pairwise verdict changes, or one rubric item's grade flips, the analysis kept; "
+        "score); verdict_flip: a pairwise verdict changes, or one rubric item's grade flips, the analysis kept, or "
+        "a claim check's verdict flips between stated and not stated, its analysis with it; "
         "wrong_analysis: a misperception - one statement of the analysis is replaced by its false counterpart "
         "and the decision follows it (rating / aspect / question score shifts, verdict or grade flips).")
     max_jitter: int = Field(1, ge=1, le=4, description="Largest score change of one error on the 1-5 scales "

@@ -16,7 +16,8 @@ whether it errs and how - so the k samples of one item differ as an annotator's 
 same answers. Kinds that apply per request:
   pointwise          score_jitter, wrong_analysis        aspects         score_jitter, wrong_analysis
   pairwise           verdict_flip, wrong_analysis        rubric grade    verdict_flip, wrong_analysis
-  decomposed scores  score_jitter, wrong_analysis        (rubric drafting, decomposed extraction / answers: none)
+  decomposed scores  score_jitter, wrong_analysis        claims          verdict_flip (stated <-> not stated)
+  (rubric drafting, decomposed extraction / answers: none)
 Every drawn error changes the answer (a jitter never lands on the gold value; a misperception flips a finding
 whose shift is possible), so the realised error rate is the configured one.
 """
@@ -39,20 +40,20 @@ from flywheel.judge import rubric as rb
 from flywheel.judge.base import clean_text, one_line
 from flywheel.worlds.shapes.assess import assess
 from flywheel.worlds.shapes.assessment import Assessment, Finding, ImageFacts, load_meta, value_score
-from flywheel.worlds.shapes.claims import read_claim, verdict
+from flywheel.worlds.shapes.claims import misread, read_claim, verdict
 from flywheel.worlds.shapes.config import ShapesWorldConfig
 from flywheel.worlds.shapes.oracle_config import TeacherConfig
 from flywheel.worlds.shapes.teacher_items import (TeacherError, answer_question, caption_of, extraction_for,
                                                   extraction_in, rubric_items, score_question)
 
-TEACHER_VERSION = "1"  # bump when the teacher's answers change for the same inputs
+TEACHER_VERSION = "2"  # bump when the teacher's answers change for the same inputs
 APPLICABLE: dict[tuple[str, str | None], tuple[str, ...]] = {
     ("pointwise", None): ("score_jitter", "wrong_analysis"),
     ("pairwise", None): ("verdict_flip", "wrong_analysis"),
     ("aspects", None): ("score_jitter", "wrong_analysis"),
     ("rubric", "grade"): ("verdict_flip", "wrong_analysis"),
     ("decomposed", "scores"): ("score_jitter", "wrong_analysis"),
-    ("claims", None): ("score_jitter",),
+    ("claims", None): ("verdict_flip",),
 }
 STEPS = {"pointwise": (None,), "pairwise": (None,), "aspects": (None,), "rubric": ("generate", "grade"),
          "decomposed": ("extraction", "answers", "scores"), "claims": (None,)}
@@ -265,14 +266,15 @@ class OracleTeacher:
 
     # ---- claim checks
     def _claims(self, ctx: Mapping, kind: str | None, rng: np.random.Generator) -> str:
-        """One claim checked against a text (flywheel/worlds/shapes/claims.py); its error moves the rating."""
+        """One claim checked against a text (flywheel/worlds/shapes/claims.py). Its error is a wrong verdict on the
+        claim's own scale (a jitter would write a 4, which no verdict is)."""
         try:
             claim = read_claim(str(ctx.get("claim")))
         except ValueError as e:
             raise TeacherError(f"claims: {e}") from None
         analysis, rating = verdict(claim, str(ctx.get("against") or ""))
-        if kind == "score_jitter":
-            rating = jitter(rating, pt.RATING_MIN, pt.RATING_MAX, rng, self.cfg.max_jitter)
+        if kind == "verdict_flip":  # a misread text: the claim's verdict itself is wrong, stated <-> not stated
+            analysis, rating = misread(claim, rating)
         return pt.format(pt.PointwiseJudgment(analysis, rating))
 
     # ---- aspects
