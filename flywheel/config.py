@@ -370,6 +370,12 @@ class GateConfig(StrictModel):
         True, description="Iteration 0 (no champion judge yet): meta-evaluate the configured base judge too, and "
         "the first trained judge must beat it. Off for a base that has never judged: the first judge is then "
         "promoted unless its metric is undefined (NaN), and the summary has no baseline row.")
+    judge_guards: dict[str, float] = Field(
+        {}, description="Meta-eval metric -> the largest drop allowed against the champion's value of it, e.g. "
+        "{ood-test/all/pointwise_ranking/accuracy: 0.15}: a judge that wins on judge_metric but falls further "
+        "below the champion on a guard metric is refused, and the reason names the guard. Values are recorded "
+        "on each judge version; a champion without one (a base model, or promoted before the guard was set) is "
+        "not guarded against, and the reason says so. Empty: no guards.")
     judge_lineage: Literal["champion", "within_noise"] = Field(
         "champion", description="What the next iteration's judge trains from: `champion`, the promoted judge; "
         "`within_noise`, the latest challenger unless McNemar's one-sided test on the gold pairs finds it worse "

@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 
 from scipy import stats
@@ -237,7 +237,8 @@ def _rule(metric: str, value: float, champ_value: float, margin: float, alpha: f
 def decide(cfg: Config, challenger: str, challenger_value: float, metric: str, margin: float,
            baseline: tuple[str, float] | None = None, *, alpha: float | None = None,
            meta_eval: MetaEval | None = None, baseline_meta_eval: MetaEval | None = None,
-           items: tuple[list[float], list[float]] | None = None) -> Decision:
+           items: tuple[list[float], list[float]] | None = None,
+           guards: Mapping[str, tuple[float, float]] | None = None) -> Decision:
     """Promote `challenger` (a registered version) if it beats the champion by `margin` on `metric` (higher is
     better). `baseline` = (ref, value) stands in for the champion when the model has none registered yet.
 
@@ -245,11 +246,18 @@ def decide(cfg: Config, challenger: str, challenger_value: float, metric: str, m
     passes where its meta-eval is (`meta_eval`; `baseline_meta_eval` for the baseline's): McNemar on the gold
     pairs both were scored on; `meta_eval` is recorded on the version, so it can be tested against once it is
     the champion. A policy passes `items` = (challenger's, champion's) per-item values of `metric` on the same
-    held-out items, measured side by side: McNemar for right/wrong items, Wilcoxon for scores."""
+    held-out items, measured side by side: McNemar for right/wrong items, Wilcoxon for scores.
+
+    `guards` = {metric: (the challenger's value, the largest drop allowed)}: a challenger that wins on `metric`
+    is still refused if it falls more than that below the champion on a guard metric (`gate.judge_guards`). The
+    guard values are recorded on the version, so its successors can be held to them once it is champion."""
     mv = registry.get_version(cfg, challenger)
     if (earlier := _decided(cfg, mv, challenger)) is not None:
         return earlier
     record(cfg, challenger, metric, challenger_value)
+    for g, (value, _) in (guards or {}).items():
+        if math.isfinite(value):
+            record(cfg, challenger, g, value)
     if meta_eval is not None:
         record_meta_eval(cfg, challenger, meta_eval)
     champ_ref, champ_value, champ_meta_eval = _champion(cfg, mv.name, metric, baseline, baseline_meta_eval)
@@ -263,12 +271,30 @@ def decide(cfg: Config, challenger: str, challenger_value: float, metric: str, m
 
     paired = per_item if items is not None else gold_pairs if meta_eval is not None else None
     promoted, reason, test = _rule(metric, challenger_value, champ_value, margin, alpha, paired)
+    if promoted and guards:
+        promoted, reason = _guarded(cfg, champ_ref, guards, reason)
     name, b, c, p = test if test is not None else (None, None, None, None)
     d = Decision(mv.name, challenger, champ_ref, metric, float(challenger_value), float(champ_value), margin,
                  promoted, reason, alpha, name, b, c, p)
     _settle(cfg, mv, d, ("promoted: " if promoted else "refused: ") + reason)
     log.info("gate %s: %s %s (%s)", mv.name, challenger, "promoted" if promoted else "not promoted", reason)
     return d
+
+
+def _guarded(cfg: Config, champ_ref: str | None, guards: Mapping[str, tuple[float, float]],
+             reason: str) -> tuple[bool, str]:
+    """(promoted, reason) after the guard metrics: refused if one fell more than its allowed drop below the
+    champion's recorded value. A champion with no recorded value (a base model, or promoted before the guard was
+    set) is not guarded against, and the reason says so; an undefined (NaN) challenger value fails its guard."""
+    unchecked = []
+    for g, (value, max_drop) in guards.items():
+        champ = recorded(cfg, champ_ref, g) if champ_ref and champ_ref.startswith("models:/") else None
+        if champ is None or math.isnan(champ):
+            unchecked.append(g)
+        elif math.isnan(value) or value < champ - max_drop:
+            return False, (f"{reason}, but guard {g} {value:.4f} < champion {champ:.4f} - max drop {max_drop}: "
+                           "champion stays")
+    return True, reason + (f"; guards not checked, no champion value: {', '.join(unchecked)}" if unchecked else "")
 
 
 def refuse(cfg: Config, challenger: str, metric: str, reason: str) -> Decision:

@@ -159,7 +159,9 @@ def _run_iteration(cfg: Config, n: int, tracker: Tracker | None) -> IterationRes
             d = gate.decide(cfg, judge_new, value, cfg.gate.judge_metric, cfg.gate.judge_margin,
                             baseline=(judge0, base) if has_baseline else None,
                             alpha=cfg.gate.judge_alpha if cfg.gate.judge_test == "mcnemar" else None,
-                            meta_eval=judged, baseline_meta_eval=base_eval)
+                            meta_eval=judged, baseline_meta_eval=base_eval,
+                            guards={g: (_metric(res.meta_eval["challenger"], g), drop)
+                                    for g, drop in cfg.gate.judge_guards.items()})
             decision = d.to_dict()
             if cfg.gate.judge_lineage == "within_noise":
                 decision["next_start"] = gate.continue_lineage(cfg, d, judged, cfg.gate.judge_alpha)

@@ -372,3 +372,23 @@ def test_a_challenger_kept_out_by_the_base_model_leaves_no_lineage_alias(cfg, go
     nxt = gate.continue_lineage(cfg, d, where, 0.05)
     assert nxt["start"] == "world:judge" and "not a registered judge" in nxt["reason"]
     assert gate.lineage_of(cfg, "judge") is None and _start(cfg, "within_noise") == cfg.models.judge.path
+
+
+def test_a_judge_that_wins_but_falls_on_a_guard_metric_stays_out(cfg):
+    """gate.judge_guards: the id-test winner that lost ood-test (runs/claims iteration 4: 0.886 -> 0.523) is
+    refused when a guard is set; within the allowed drop it is promoted."""
+    ood = "ood-test/all/pointwise_ranking/accuracy"
+    v1 = _version(cfg)
+    first = gate.decide(cfg, v1, 0.84, "acc", 0.0, guards={ood: (0.886, 0.15)})
+    assert first.promoted and f"guards not checked, no champion value: {ood}" in first.reason
+    assert gate.recorded(cfg, v1, ood) == 0.886
+    v2 = _version(cfg)
+    d = gate.decide(cfg, v2, 0.89, "acc", 0.0, guards={ood: (0.523, 0.15)})
+    assert not d.promoted and gate.champion_of(cfg, "judge") == v1
+    assert f"but guard {ood} 0.5230 < champion 0.8860 - max drop 0.15: champion stays" in d.reason
+    assert registry.get_version(cfg, v2).tags["flywheel.gate.decision"].startswith("refused")
+    v3 = _version(cfg)
+    assert not gate.decide(cfg, v3, 0.9, "acc", 0.0, guards={ood: (math.nan, 0.15)}).promoted  # undefined fails
+    v4 = _version(cfg)
+    d = gate.decide(cfg, v4, 0.89, "acc", 0.0, guards={ood: (0.75, 0.15)})  # 0.136 below: allowed
+    assert d.promoted and "guard" not in d.reason and gate.champion_of(cfg, "judge") == v4
