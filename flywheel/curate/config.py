@@ -69,7 +69,7 @@ class JudgePairsConfig(StrictModel):
     """Minos' judge-DPO pairs: chosen = the consistent sample, rejected = the farthest sample of the same input."""
 
     min_delta: dict[str, float] = Field(
-        {"pointwise": 2.0, "aspects": 2.0, "rubric": 0.5, "decomposed": 4.0, "pairwise": 2.0, "claims": 2.0},
+        {"pointwise": 2.0, "aspects": 2.0, "rubric": 0.5, "decomposed": 4.0, "pairwise": 2.0},
         description="Per protocol, the least |score(chosen) - score(rejected)| for a pair to be kept (Minos: 2 on "
                     "the 1-5 scale). Pairwise verdicts count A=+1, tie=0, B=-1, so 2 means opposite verdicts. A "
                     "protocol missing here gets no judge-DPO pairs.")
