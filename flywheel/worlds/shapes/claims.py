@@ -111,14 +111,8 @@ def verdict(claim: Claim, text: str) -> tuple[str, int]:
 
 def misread(claim: Claim, rating: int) -> tuple[str, int]:
     """The verdict of a labeler who misread the text (the teacher's verdict_flip): a claim the text states is
-    reported absent, any other reported stated, each with the analysis that verdict would have."""
-    if rating != EXACT:
-        return ("The text says so.", EXACT) if claim.kind == "relation" else (f"The text has {claim.text}.", EXACT)
-    if claim.kind == "relation":
-        a, b = np_(*claim.subject, article="the"), np_(*claim.object, article="the")
-        return f"The text does not place {a} against {b}.", ABSENT
-    colour, shape = claim.group
-    return f"The text has no {f'{colour} shape' if colour else shape}.", ABSENT
+    reported absent, any other reported stated - each the verdict on a text that says nothing, or just the claim."""
+    return verdict(claim, "" if rating == EXACT else claim.text)
 
 
 def claim_texts(text: str) -> list[str]:
