@@ -6,7 +6,8 @@
 - `GeneratorProbe` (SDXL): images for seeded draw prompts at the flywheel's sampling guidance (`score10`, ...)
   and at a normal guidance as a generic-quality probe (`probe/score10`, ...);
 - `JudgeProbe` (judge DPO): the judge rates seeded gold outputs (pointwise, labelled by the noiseless oracle) ->
-  rating accuracy, Kendall tau-b, pairwise accuracy derived from the ratings, format validity;
+  rating accuracy, Kendall tau-b, pairwise accuracy derived from the ratings, format validity; with claim checks
+  in the judge's protocols, also their format validity and the share the oracle's verdict agrees with;
 - optionally (`heldout.judge`) a judge also scores the policy's held-out outputs (`judge/<protocol>/score`),
   with its parse failures counted (`judge/<protocol>/parse_failure_rate`): a curve to watch, or the target where
   no oracle says what is right (`heldout.target: judge/pointwise/score`; docs/tuning.md "heldout").
@@ -233,19 +234,31 @@ class JudgeProbe:
         self.generation = cfg.judge.generation.model_copy(update={
             "temperature": 0.0, "max_new_tokens": heldout.max_new_tokens or cfg.judge.generation.max_new_tokens,
             "top_logprobs": cfg.judge.generation.top_logprobs if cfg.judge.rating_readout == "expected" else 0})
+        # Claim checks where the judge is taught them: descriptions are rated by their claims, as the gate rates
+        # them, and the checks' own format is guarded. runs/flip: judge DPO on claim pairs left a judge answering
+        # 204 of 219 claim checks in the pairwise format ("Verdict: A") while every pointwise rating parsed.
+        self.claims = {t for t in ("iu", "ig") if "claims" in cfg.judgments.protocols.get(t, [])}
+        self.protocols = {t: ["pointwise", *(["claims"] if t in self.claims else [])] for t in ("iu", "ig")}
 
     def __call__(self, model, processor) -> dict[str, float]:
+        engine = LiveTextEngine(model, processor, self.generation)
+        with evaluating(model):
+            return self.score(engine)
+
+    def score(self, engine) -> dict[str, float]:
+        """The probe's measures of the judge behind `engine`."""
         from flywheel.config import JudgmentsConfig
         from flywheel.evaluate.metrics import PointItem, pairs_from_points, pairwise_metrics, pointwise_metrics
+        from flywheel.judge import claims
         from flywheel.stages.judgments import JudgmentsCore
 
-        engine = LiveTextEngine(model, processor, self.generation)
         core = JudgmentsCore(self.cfg, self.candidates, engine=engine, role="judge",
-                             judgments=JudgmentsConfig(protocols={"iu": ["pointwise"], "ig": ["pointwise"]},
-                                                       samples_per_item=1))
-        with evaluating(model):
-            res = core(self.prompts)
-        judged = {r["candidate_ids"][0]: (None if r.get("parse_error") else r["score"]) for r in res.rows}
+                             judgments=JudgmentsConfig(protocols=self.protocols, samples_per_item=1,
+                                                       claim_subtasks=self.cfg.judgments.claim_subtasks))
+        res = core(self.prompts)
+        pointwise_rows = [r for r in res.rows if r["protocol"] == "pointwise"]
+        judged = {r["candidate_ids"][0]: (None if r.get("parse_error") else r["score"]) for r in pointwise_rows}
+        judged |= {cid: s for (_, cid), s in claims.candidate_scores(res.rows).items()}
         points = [PointItem(c, g, judged.get(c)) for c, g in self.gold.items()]
         by_prompt: dict[str, list[PointItem]] = {}
         prompt_of = {c["candidate_id"]: c["prompt_id"] for c in self.candidates}
@@ -254,9 +267,32 @@ class JudgeProbe:
         pairs = pairs_from_points((f"{a.key}|{b.key}", pid, a.gold, a.judged, b.gold, b.judged)
                                   for pid, ps in by_prompt.items() for i, a in enumerate(ps) for b in ps[i + 1:])
         point = pointwise_metrics(points)
-        return {"pointwise/accuracy": point["exact"], "pointwise/kendall_tau_b": point["kendall_tau_b"],
-                "pointwise/mae": point["mae"], "pairwise/accuracy": pairwise_metrics(pairs)["accuracy"],
-                "format_valid": 1.0 - point["parse_failure_rate"]}
+        parsed = sum(1 for r in pointwise_rows if not r.get("parse_error"))
+        out = {"pointwise/accuracy": point["exact"], "pointwise/kendall_tau_b": point["kendall_tau_b"],
+               "pointwise/mae": point["mae"], "pairwise/accuracy": pairwise_metrics(pairs)["accuracy"],
+               "format_valid": parsed / len(self.gold)}  # the pointwise answers'; a missing one failed
+        if self.claims:
+            failed_items = sum(1 for q in res.quarantined
+                               if isinstance(q.get("raw"), dict) and q["raw"].get("protocol") == claims.NAME)
+            out |= claim_check_metrics([r for r in res.rows if r["protocol"] == claims.NAME], failed_items)
+        return out
+
+
+def claim_check_metrics(rows: list[dict], failed_items: int = 0) -> dict[str, float]:
+    """Claim checks' `claims/format_valid` (the share that parsed) and `claims/accuracy` (the share whose nearest
+    rating is the oracle's verdict; a check that did not parse is wrong, never a guess). `failed_items`: responses
+    whose checks the engine failed (quarantined), each counted as one failed check."""
+    from flywheel.worlds.shapes.claims import read_claim, verdict
+
+    n = len(rows) + failed_items
+    if not n:
+        return {"claims/format_valid": float("nan"), "claims/accuracy": float("nan"), "claims/n": 0.0}
+    ok = [r for r in rows if not r.get("parse_error") and r.get("score") is not None]
+    right = 0
+    for r in ok:
+        p = json.loads(r["parsed"]) if isinstance(r["parsed"], str) else r["parsed"]
+        right += abs(float(r["score"]) - verdict(read_claim(p["claim"]), p["against"])[1]) < 0.5
+    return {"claims/format_valid": len(ok) / n, "claims/accuracy": right / n, "claims/n": float(n)}
 
 
 def make_probe(ctx, judge=None):

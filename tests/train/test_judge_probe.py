@@ -3,6 +3,9 @@
 import pytest
 
 from flywheel.config import REPO_ROOT, load_config
+from flywheel.engines.base import TextEngine, TextResult
+from flywheel.engines.oracle import gold_engine
+from flywheel.train.heldout import Guard
 from flywheel.train.heldout_probes import JudgeProbe
 
 
@@ -19,3 +22,55 @@ def test_judge_dpo_guard_reads_ratings_as_the_flywheel_does(readout, logprobs):
     assert probe.gold and set(probe.gold.values()) <= {1, 2, 3, 4, 5}
     # one gold output per candidate, spread over the prompts the config asks for
     assert len({c["prompt_id"] for c in probe.candidates}) == len(probe.prompts) == cfg.train.judge_dpo.heldout.items
+
+
+CLAIMS = ["judgments.protocols.iu=[pointwise, pairwise, claims]"]
+
+
+class PairwiseOnClaims(TextEngine):
+    """The noiseless oracle, except that it answers every claim check in the pairwise protocol's format: the
+    failure runs/flip's judge DPO (with claim pairs) produced. A stand-in for a trained judge, which cannot be
+    trained inside a unit test; the probe reads any TextEngine the same way."""
+
+    def __init__(self, world):
+        self.inner, self.name, self.version = gold_engine(world), "test:pairwise-on-claims", "1"
+
+    def generate(self, requests, seed=0):
+        out = self.inner.generate(requests, seed)
+        return [TextResult(text="Analysis: Response A names the shapes.\nVerdict: A")
+                if (r.context or {}).get("protocol") == "claims" else res for r, res in zip(requests, out)]
+
+
+@pytest.fixture(scope="module")
+def claims_probe():
+    cfg = load_config(REPO_ROOT / "configs" / "local.yaml", CLAIMS)
+    return cfg, JudgeProbe(cfg, cfg.train.judge_dpo.heldout, seed=0)
+
+
+def test_a_judge_taught_claims_is_probed_on_its_claim_checks(claims_probe):
+    cfg, probe = claims_probe
+    m = probe.score(gold_engine(cfg.world.shapes))
+    # the noiseless oracle: every claim check parses and is the oracle's verdict; descriptions ranked by claims
+    assert m["claims/n"] > 50 and m["claims/format_valid"] == 1.0 and m["claims/accuracy"] == 1.0
+    assert m["format_valid"] == 1.0 and m["pairwise/accuracy"] > 0.9
+
+
+def test_the_guard_refuses_a_judge_that_stops_answering_claim_checks(claims_probe):
+    cfg, probe = claims_probe
+    start = probe.score(gold_engine(cfg.world.shapes))
+    broken = probe.score(PairwiseOnClaims(cfg.world.shapes))
+    # every pointwise rating still parses, so the pointwise format guard alone passes it (as it did in runs/flip)
+    assert broken["format_valid"] == 1.0 and broken["claims/format_valid"] == 0.0 and broken["claims/accuracy"] == 0
+    # a description whose claims do not parse has no rating: its pairs are wrong, never guessed
+    assert broken["pairwise/accuracy"] < start["pairwise/accuracy"]
+    guard = Guard(cfg.train.judge_dpo.heldout.max_drop, {})
+    guard.set_baseline(start)
+    assert any(v.startswith("claims/format_valid") for v in guard.violations(broken))
+    assert guard.violations(start) == []
+
+
+def test_a_judge_without_claims_gets_no_claim_measures():
+    cfg = load_config(REPO_ROOT / "configs" / "local.yaml")
+    probe = JudgeProbe(cfg, cfg.train.judge_dpo.heldout.model_copy(update={"items": 8}), seed=0)
+    m = probe.score(gold_engine(cfg.world.shapes))
+    assert not [k for k in m if k.startswith("claims/")] and m["format_valid"] == 1.0
