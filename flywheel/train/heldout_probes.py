@@ -274,7 +274,11 @@ class JudgeProbe:
         if self.claims:
             failed_items = sum(1 for q in res.quarantined
                                if isinstance(q.get("raw"), dict) and q["raw"].get("protocol") == claims.NAME)
-            out |= claim_check_metrics([r for r in res.rows if r["protocol"] == claims.NAME], failed_items)
+            rows = [r for r in res.rows if r["protocol"] == claims.NAME]
+            out |= claim_check_metrics(rows, failed_items)
+            if bad := [r for r in rows if r.get("parse_error")]:
+                log.info("held-out: %d of %d claim checks did not parse, e.g. %s: %r", len(bad), len(rows),
+                         bad[0]["parse_error"], bad[0]["raw_output"][:160])
         return out
 
 

@@ -59,8 +59,12 @@ def get_version(cfg: Config, uri: str):
     return c.get_model_version_by_alias(name, alias) if alias else c.get_model_version(name, version)
 
 
-def _cache_dir(cfg: Config, name: str, version: str) -> Path:
-    return Path(cfg.run.workdir) / "registry" / name / str(version)
+def _cache_dir(cfg: Config, mv) -> Path:
+    """A version's local copy, named by its number AND the run that logged it: a version number alone names
+    another model once the registry is another one (a workdir copied or seeded from another, a reset
+    mlflow.db). That happened here: a workdir seeded with another's registry/ trained and evaluated that
+    workdir's judge 1 in place of its own, silently."""
+    return Path(cfg.run.workdir) / "registry" / mv.name / f"{mv.version}-{mv.run_id}"
 
 
 def _publish(tmp: Path, final: Path) -> None:
@@ -75,11 +79,12 @@ def _publish(tmp: Path, final: Path) -> None:
 
 
 def materialize(cfg: Config, uri: str) -> Path:
-    """The export folder of a registered version, downloaded once into <workdir>/registry/<name>/<version>."""
+    """The export folder of a registered version, downloaded once into <workdir>/registry/<name>/<version>-<run
+    id>."""
     import mlflow
 
     mv = get_version(cfg, uri)
-    final = _cache_dir(cfg, mv.name, mv.version) / EXPORT
+    final = _cache_dir(cfg, mv) / EXPORT
     if final.is_dir():  # a download appears there only when complete (see _publish)
         return final
     tmp = final.parent / f".tmp-{uuid.uuid4().hex[:8]}"
