@@ -235,8 +235,8 @@ class JudgeProbe:
             "temperature": 0.0, "max_new_tokens": heldout.max_new_tokens or cfg.judge.generation.max_new_tokens,
             "top_logprobs": cfg.judge.generation.top_logprobs if cfg.judge.rating_readout == "expected" else 0})
         # Claim checks where the judge is taught them: descriptions are rated by their claims, as the gate rates
-        # them, and the checks' own format is guarded. runs/flip: judge DPO on claim pairs left a judge answering
-        # 204 of 219 claim checks in the pairwise format ("Verdict: A") while every pointwise rating parsed.
+        # them, and the checks' own format is guarded: a judge never taught claims answered 204 of 219 of them in
+        # the pairwise format ("Verdict: A") while every pointwise rating parsed (docs/tuning.md, runs/flip).
         self.claims = {t for t in ("iu", "ig") if "claims" in cfg.judgments.protocols.get(t, [])}
         self.protocols = {t: ["pointwise", *(["claims"] if t in self.claims else [])] for t in ("iu", "ig")}
 
