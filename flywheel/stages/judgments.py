@@ -343,6 +343,10 @@ class JudgmentsCore:
             self._reject(out, i, p, [c], "claims", k, f"cannot build the requests: {e}")
             return []
         if not checks:  # no reference or no text to check: the other protocols judge it
+            if p.get("reference_text") and c.get("output_text"):  # both texts, yet not one claim: say so
+                self._reject(out, i, p, [c], "claims", k, "the claim splitter found no claim in the response or "
+                             "the reference: nothing checked (the splitter is the shapes world's parser, which "
+                             "reads only that world's text)")
             return []
         results = yield reqs
         failed = [r.error for r in results if not r.ok]

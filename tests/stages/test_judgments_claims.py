@@ -114,3 +114,18 @@ def test_a_claim_row_whose_output_lost_its_header_makes_no_sft_row(setup):
     data = curate_judge_data([broken], prompts, cands, style=c.judge.prompt_style)
     assert data.sft == []
     assert next(r for r in data.reports if r.name == "judge_sft").dropped == {"unformattable": 1}
+
+
+def test_a_description_the_splitter_finds_no_claim_in_is_quarantined_with_why(setup):
+    # real captions (the GPU config's data) hold no claim the shapes world's parser can read: the protocol must
+    # say it checked nothing, not judge nothing silently
+    c, prompts, cands, _ = setup
+    p = next({**x, "reference_text": "A dog runs on the beach."} for x in prompts if x["subtask"] == "iu_caption")
+    cand = {**next(x for x in cands if x["prompt_id"] == p["prompt_id"]), "output_text": "A cat sleeps."}
+    out = JudgmentsCore(c, [cand], engine=OracleTextEngine(c.teacher, c.world.shapes))([p])
+    assert not out.rows and len(out.quarantined) == c.judgments.samples_per_item
+    assert all("splitter found no claim" in q["reason"] for q in out.quarantined)
+    # an empty answer is not that case: nothing of it to check, its reference's claims still are
+    empty = JudgmentsCore(c, [{**cand, "output_text": ""}], engine=OracleTextEngine(c.teacher, c.world.shapes))(
+        [{**p, "reference_text": next(x for x in prompts if x["subtask"] == "iu_caption")["reference_text"]}])
+    assert not empty.quarantined and empty.rows
