@@ -150,21 +150,7 @@ def _run_iteration(cfg: Config, n: int, tracker: Tracker | None) -> IterationRes
             # The bar the flywheel aims at: the noisy teacher's own agreement with gold, on the same items.
             res.meta_eval["teacher"] = meta.run(start, p["gold"], p["meta-eval-teacher"], role="teacher")
         with stage("gate-judge"):
-            value = _metric(res.meta_eval["challenger"], cfg.gate.judge_metric)
-            base = _metric(res.meta_eval.get("baseline", {}), cfg.gate.judge_metric)
-            has_baseline = "baseline" in res.meta_eval
-            # where each judge's meta-eval is, so the gate can compare them gold pair by gold pair (McNemar)
-            base_eval = gate.MetaEval(p["meta-eval-baseline"], p["gold"]) if has_baseline else None
-            judged = gate.MetaEval(p["meta-eval"], p["gold"])
-            d = gate.decide(cfg, judge_new, value, cfg.gate.judge_metric, cfg.gate.judge_margin,
-                            baseline=(judge0, base) if has_baseline else None,
-                            alpha=cfg.gate.judge_alpha if cfg.gate.judge_test == "mcnemar" else None,
-                            meta_eval=judged, baseline_meta_eval=base_eval,
-                            guards={g: (_metric(res.meta_eval["challenger"], g), drop)
-                                    for g, drop in cfg.gate.judge_guards.items()})
-            decision = d.to_dict()
-            if cfg.gate.judge_lineage == "within_noise":
-                decision["next_start"] = gate.continue_lineage(cfg, d, judged, cfg.gate.judge_alpha)
+            decision = gate_judge(cfg, judge_new, judge0, res.meta_eval, p)
             res.decisions.append(decision)
             mlflow.log_dict(decision, "gate/judge.json")
 
@@ -211,6 +197,27 @@ def _finished_earlier(cfg: Config, record: IterationRecord) -> IterationResult:
 
 def _start_models(record: IterationRecord) -> dict[str, str]:
     return {f"{role}_start": record.start[role] for role in ROLES}
+
+
+def gate_judge(cfg: Config, judge_new: str, judge0: str, meta_eval: dict[str, dict], p: dict) -> dict:
+    """The judge gate's decision on the challenger's meta-eval (`gate.judge_metric`, its margin and test, and
+    `gate.judge_guards` read from the same meta-eval), with the lineage's next start under within_noise."""
+    value = _metric(meta_eval["challenger"], cfg.gate.judge_metric)
+    has_baseline = "baseline" in meta_eval
+    # where each judge's meta-eval is, so the gate can compare them gold pair by gold pair (McNemar)
+    base_eval = gate.MetaEval(p["meta-eval-baseline"], p["gold"]) if has_baseline else None
+    judged = gate.MetaEval(p["meta-eval"], p["gold"])
+    d = gate.decide(cfg, judge_new, value, cfg.gate.judge_metric, cfg.gate.judge_margin,
+                    baseline=(judge0, _metric(meta_eval["baseline"], cfg.gate.judge_metric)) if has_baseline
+                    else None,
+                    alpha=cfg.gate.judge_alpha if cfg.gate.judge_test == "mcnemar" else None,
+                    meta_eval=judged, baseline_meta_eval=base_eval,
+                    guards={g: (_metric(meta_eval["challenger"], g), drop)
+                            for g, drop in cfg.gate.judge_guards.items()})
+    decision = d.to_dict()
+    if cfg.gate.judge_lineage == "within_noise":
+        decision["next_start"] = gate.continue_lineage(cfg, d, judged, cfg.gate.judge_alpha)
+    return decision
 
 
 def _metric(results: dict, dotted: str) -> float:

@@ -392,3 +392,32 @@ def test_a_judge_that_wins_but_falls_on_a_guard_metric_stays_out(cfg):
     v4 = _version(cfg)
     d = gate.decide(cfg, v4, 0.89, "acc", 0.0, guards={ood: (0.75, 0.15)})  # 0.136 below: allowed
     assert d.promoted and "guard" not in d.reason and gate.champion_of(cfg, "judge") == v4
+
+
+def test_the_iterations_judge_gate_reads_its_guards_from_the_challengers_meta_eval(cfg, gold, tmp_path):
+    """flywheel.iteration.gate_judge, as the gate-judge stage calls it: the guard's value is the challenger's own
+    meta-eval value of that metric (runs/claims iterations 2 and 4), and a guard-refused challenger still
+    continues the lineage when it is within noise on the gate's metric (judge_lineage: within_noise)."""
+    from flywheel.iteration import gate_judge
+
+    ood = "ood-test/all/pointwise_ranking/accuracy"
+    cfg.gate.judge_guards = {ood: 0.15}
+    assert cfg.gate.judge_lineage == "within_noise" and "baseline" not in cfg.gate.judge_metric
+    uri, ids = gold
+    right4, right2 = _outcomes(ids, 150, 15, 5)  # iteration 4 wins 15 / 5 pairs against iteration 2
+
+    def gate_it(name, right, ood_value):
+        write_judged(str(tmp_path / name), uri, right)
+        split, _, metric = METRIC.partition("/")
+        meta_eval = {"challenger": {split: {metric: sum(right.values()) / len(right)},
+                                    "ood-test": {"all/pointwise_ranking/accuracy": ood_value}}}
+        return gate_judge(cfg, _version(cfg), "world:judge", meta_eval,
+                          {"meta-eval": str(tmp_path / name), "gold": uri, "meta-eval-baseline": None})
+
+    first = gate_it("it2", right2, 0.886)
+    assert first["promoted"] and "guards not checked" in first["reason"]
+    assert gate.recorded(cfg, first["challenger"], ood) == pytest.approx(0.886)
+    d = gate_it("it4", right4, 0.523)
+    assert not d["promoted"] and f"but guard {ood} 0.5230 < champion 0.8860" in d["reason"]
+    assert gate.champion_of(cfg, "judge") == first["challenger"]
+    assert d["next_start"]["start"] == d["challenger"]  # within noise on id-test: it goes on the lineage
