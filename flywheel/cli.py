@@ -159,8 +159,9 @@ def report(config: ConfigOpt = Path("configs/local.yaml"), overrides: Overrides 
     if not rows:
         console.print(f"no iterations in experiment {cfg.experiment!r} of {cfg.tracking.uri}")
         raise typer.Exit(1)
-    cols = [f"{s}/{c}" for s in ("id", "ood") for c in ("ranking", "pairwise", "balanced", "pearson")]
-    cols = [c for c in cols if not c.endswith("/balanced") or any(c in r.judge for r in rows)]  # needs probabilities
+    cols = [f"{s}/{c}" for s in ("id", "ood") for c in ("ranking", "pairwise", "balanced", "pearson", "claims")]
+    # balanced needs probabilities, claims gold with claim checks: shown where some iteration has them
+    cols = [c for c in cols if not c.endswith(("/balanced", "/claims")) or any(c in r.judge for r in rows)]
     t = Table(title=f"{cfg.experiment}: the judge vs gold, the policies before → after (oracle)")
     for name in ["iteration", "status", *cols, "LLaVA accuracy", "SDXL score10", "promoted", "seconds"]:
         t.add_column(name, justify="left" if name in ("status", "promoted") else "right")

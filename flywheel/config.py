@@ -347,7 +347,9 @@ class MetaEvalConfig(StrictModel):
         "pairwise, gold pairs are still scored by the judge's pointwise ratings (pointwise_ranking) but not "
         "re-judged in both orders: for a judge never taught the pairwise protocol (judgments.protocols). With "
         "claims, the pointwise items of judgments.claim_subtasks are also claim-checked, and pointwise_ranking "
-        "rates those candidates by their claims (flywheel/judge/claims.py), as the preference stage then does.")
+        "rates those candidates by their claims (flywheel/judge/claims.py), as the preference stage then does; "
+        "where the gold has claim checks too (world.gold.protocols), each claim is scored against gold's verdict "
+        "(`<slice>/claims/exact`, ...).")
     perturbation: PerturbationConfig = Field(PerturbationConfig(), description="Minos' perturbation checks.")
 # ---- end meta-eval
 

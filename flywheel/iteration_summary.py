@@ -50,6 +50,9 @@ def describe(s: dict) -> str:
         lines += [f"| {who} | {split} | " + " | ".join(_cell(m.get(k)) for k in META_COLUMNS) + " |"
                   for split, m in splits.items()]
     for split, m in s["meta_eval"].get("challenger", {}).items():
+        if m.get("all/claims/n"):  # gold with claim checks (world.gold.protocols)
+            lines += ["", f"*Claim checks, {split}:* gold's verdict on {_cell(m.get('all/claims/exact'))} of "
+                      f"{int(m['all/claims/n'])} claims, unparsed {_cell(m.get('all/claims/parse_failure_rate'))}"]
         if "perturb/span_swap/n" in m:  # Minos' perturbation checks (flywheel/evaluate/perturbation.py)
             p = {k[len("perturb/"):]: v for k, v in m.items() if k.startswith("perturb/")}
             lines += ["", f"*Perturbation checks, {split}:* images swapped, Kendall tau-b "

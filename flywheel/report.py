@@ -17,8 +17,10 @@ from flywheel.stage_clock import busy_note
 
 # The judge metrics a row shows: (column, split, metric key of flywheel/evaluate/meta.py)
 # balanced: the pairwise protocol's one verdict from both orders' probabilities (a judge read as text has none)
+# claims: the share of gold claims the judge's check gives gold's verdict (gold with claim checks only)
 JUDGE_METRICS = (("ranking", "all/pointwise_ranking/accuracy"), ("pairwise", "all/pairwise/accuracy"),
-                 ("balanced", "all/pairwise_balanced/accuracy"), ("pearson", "all/pointwise/pearson"))
+                 ("balanced", "all/pairwise_balanced/accuracy"), ("pearson", "all/pointwise/pearson"),
+                 ("claims", "all/claims/exact"))
 SPLITS = {"id": "id-test", "ood": "ood-test"}
 SUBTASK_METRIC = "pointwise_ranking/accuracy"  # shown per sub-task
 # and the pairwise protocol's, beside the share of its verdicts that flip when the order is swapped: where the

@@ -202,3 +202,15 @@ def test_the_iteration_description_shows_the_oracles_check_of_a_judge_gated_upda
     assert ("*The oracle's check of this judge-gated update:* accuracy 0.550 → 0.640; its McNemar: 14 better, "
             "3 worse, p=0.0064; the judge's ratings vs the oracle's per answer: ROC AUC 0.710") in lines
     assert "**generator** (oracle), before → after: score10 5.200 → 5.300" in lines
+
+
+def test_claim_checks_scored_against_gold_show_in_the_row_and_the_description():
+    meta = _meta(0.8)
+    meta["id-test"] |= {"all/claims/exact": 0.74, "all/claims/n": 219, "all/claims/parse_failure_rate": 0.0}
+    summary = {"iteration": 4, "decisions": [], "downstream": {}, "seconds": {}, "counts": {},
+               "meta_eval": {"challenger": meta}}
+    assert row_of(4, "r", "FINISHED", summary).judge["id/claims"] == 0.74
+    assert "*Claim checks, id-test:* gold's verdict on 0.740 of 219 claims, unparsed 0.000" in describe(summary)
+    # without gold claim checks: no claims column, no line
+    plain = {**summary, "meta_eval": {"challenger": _meta(0.8)}}
+    assert "id/claims" not in row_of(4, "r", "FINISHED", plain).judge and "Claim checks" not in describe(plain)

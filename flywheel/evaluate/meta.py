@@ -134,10 +134,7 @@ def _slices(gold: list[dict], judged: list[dict], prompts: dict[str, dict], unse
         rating |= claims.candidate_scores(judged)
     slices: Slices = defaultdict(lambda: ([], [], [], []))
     for g in gold:
-        p = prompts[g["prompt_id"]]
-        names = ["all", f"task/{p['task']}", *([metric_names.SUBTASK + p["subtask"]] if p["subtask"] else [])]
-        if p["subtask"] in ood_subtasks:
-            names.append("aspect_generalization" if g["aspect"] in unseen_aspects else "task_generalization")
+        names = _slice_names(g, prompts[g["prompt_id"]], unseen_aspects, ood_subtasks)
         mine = by_key.get(_key(g), {})
         key = g["judgment_id"]
         ab, ba = mine.get("AB"), mine.get("BA")
@@ -158,6 +155,32 @@ def _slices(gold: list[dict], judged: list[dict], prompts: dict[str, dict], unse
                     verdict = None if a is None or b is None else "A" if a > b else "B" if b > a else "tie"
                     ranked.append(PairItem(key, g["verdict"], verdict))
     return slices
+
+
+def _slice_names(g: dict, p: dict, unseen_aspects: set[str], ood_subtasks: set[str]) -> list[str]:
+    """The slices a gold item counts in: all, its task category and sub-task, and its generalization."""
+    names = ["all", f"task/{p['task']}", *([metric_names.SUBTASK + p["subtask"]] if p["subtask"] else [])]
+    if p["subtask"] in ood_subtasks:
+        names.append("aspect_generalization" if g["aspect"] in unseen_aspects else "task_generalization")
+    return names
+
+
+def _claim_metrics(gold: list[dict], judged: list[dict], prompts: dict[str, dict], unseen_aspects: set[str],
+                   ood_subtasks: set[str]) -> dict[str, float]:
+    """`<slice>/claims/<metric>` where the gold has claim checks (world.gold.protocols with claims): each gold
+    claim against the judge's check of the same claim of the same candidate, scored as pointwise items (exact: the
+    judge's nearest rating is gold's). A claim the judge did not check, or whose check did not parse, fails."""
+    mine = {(j["prompt_id"], j["candidate_ids"][0], claims.header(j["raw_output"])): j
+            for j in judged if j["protocol"] == claims.NAME}
+    items: dict[str, list[PointItem]] = defaultdict(list)
+    for g in gold:
+        if g["protocol"] != claims.NAME or g["score"] is None:
+            continue
+        j = mine.get((g["prompt_id"], g["candidate_ids"][0], claims.header(g["raw_output"])))
+        got = j["score"] if j and j["parse_error"] is None else None
+        for name in _slice_names(g, prompts[g["prompt_id"]], unseen_aspects, ood_subtasks):
+            items[name].append(PointItem(g["judgment_id"], g["score"], got))
+    return {f"{name}/claims/{k}": v for name, pts in sorted(items.items()) for k, v in pointwise_metrics(pts).items()}
 
 
 def _probs(row: dict | None) -> dict[str, float] | None:
@@ -189,6 +212,8 @@ def score_split(gold: list[dict], judged: list[dict], prompts: dict[str, dict], 
             out |= {f"{name}/pointwise_ranking/{k}": v for k, v in one_verdict_metrics(ranked).items()}
         if any(i.verdict_ab is not None for i in balanced):  # only a judge read with its probabilities has these
             out |= {f"{name}/pairwise_balanced/{k}": v for k, v in one_verdict_metrics(balanced).items()}
+    if claims.NAME in protocols:
+        out |= _claim_metrics(gold, judged, prompts, unseen_aspects, ood_subtasks)
     return out
 
 
@@ -220,9 +245,9 @@ def _inputs(gold_base: str) -> list[str]:
 
 
 def _gold(gold_base: str) -> tuple[list[dict], dict[str, dict]]:
-    """A split's gold items meta-eval scores (pointwise and pairwise) and its prompts by id."""
+    """A split's gold items meta-eval scores (pointwise, pairwise and claim checks) and its prompts by id."""
     gold = [g for g in read_dataset(storage.join(gold_base, "judgments"))[0].to_pylist()
-            if g["protocol"] in ("pointwise", "pairwise")]
+            if g["protocol"] in ("pointwise", "pairwise", claims.NAME)]
     prompts = {r["prompt_id"]: r for r in read_dataset(storage.join(gold_base, "prompts"))[0].to_pylist()}
     return gold, prompts
 

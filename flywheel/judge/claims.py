@@ -81,6 +81,12 @@ def raw_output(check: ClaimCheck, text: str) -> str:
     return f"{HEADER.format(side=check.side, claim=check.claim)}\n{text.strip()}"
 
 
+def header(raw: str | None) -> str | None:
+    """The claim a claim row's raw output is headed by (its first line), None when it has no header."""
+    first = (raw or "").partition("\n")[0]
+    return first if _HEADER_RE.match(first) else None
+
+
 def judge_text(raw: str) -> str:
     """The judge's own text of a claim row's raw output (raw_output without its header)."""
     first, _, rest = raw.partition("\n")

@@ -362,3 +362,27 @@ def test_claims_meta_eval_checks_only_descriptions_and_rates_them_by_their_claim
     assert m["all/pointwise/exact"] == 1.0  # the pointwise items are judged as before
     assert m["subtask/iu_color/pointwise_ranking/accuracy"] == 1.0  # non-descriptions still by their ratings
     assert 0.5 < m["subtask/iu_caption/pointwise_ranking/accuracy"] <= 1.0  # the claims' own ceiling
+
+
+def test_gold_claim_checks_score_the_judges_claims_one_by_one(gold_uri):
+    """world.gold.protocols with claims: the oracle's verdict on each claim is gold, and meta-eval scores the
+    judge's check of the same claim against it (`<slice>/claims/...`); a check that did not parse fails."""
+    c, root = gold_uri
+    cc = load_config(None, [f"run.workdir={c.run.workdir}", "world.suites.prompts_per_subtask=8",
+                            "world.gold.prompts_per_subtask=1", "world.gold.max_pairs_per_prompt=1",
+                            "world.gold.splits=[id-test]", "meta_eval.protocols=[pointwise, claims]",
+                            "world.gold.protocols.iu=[pointwise, claims]",
+                            "world.gold.protocols.nlg=[pointwise, claims]",
+                            "meta_eval.perturbation.enabled=false"])
+    gold.run(cc, str(root / "prompts"), str(root / "gold-claims"))
+    right = meta.run(cc, str(root / "gold-claims"), str(root / "me-gc"),
+                     engine_factory=lambda: gold_engine(cc.world.shapes))["id-test"]
+    assert right["all/claims/n"] > 20 and right["all/claims/exact"] == 1.0
+    assert right["subtask/iu_caption/claims/exact"] == 1.0 and "subtask/iu_color/claims/n" not in right
+    flipping = TeacherConfig(error_rate=0.5, seed=3, error_kinds={"verdict_flip": 1.0})
+    noisy = meta.run(cc, str(root / "gold-claims"), str(root / "me-gc-noisy"),
+                     engine_factory=lambda: OracleTextEngine(flipping, cc.world.shapes))["id-test"]
+    assert noisy["all/claims/n"] == right["all/claims/n"] and 0.2 < noisy["all/claims/exact"] < 0.8
+    # a judge that writes no claim check it can be read by: every gold claim fails, none is guessed
+    zoo = meta.run(with_models(cc, judge="zoo:judge"), str(root / "gold-claims"), str(root / "me-gc-zoo"))["id-test"]
+    assert zoo["all/claims/parse_failure_rate"] == 1.0 and zoo["all/claims/exact"] == 0.0

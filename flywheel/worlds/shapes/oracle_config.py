@@ -71,7 +71,8 @@ class GoldConfig(BaseModel):
          "ig": ["pointwise", "pairwise", "decomposed"], "itig": ["pointwise", "pairwise", "rubric"]},
         description="Gold judgments made per task category. pointwise: every output with its gold score; "
         "pairwise: pairs of outputs with the gold winner, shown once (AB), ties excluded; the others give the "
-        "gold of the judges that use them (decomposed: 0-10 overall score, rubric: fraction met).")
+        "gold of the judges that use them (decomposed: 0-10 overall score, rubric: fraction met, claims: the "
+        "verdict on each claim of a description, scored by meta-eval claim by claim).")
     max_pairs_per_prompt: int = Field(6, ge=1, description="Pairwise gold items kept per prompt (non-tie pairs, "
                                       "chosen by a seeded draw).")
     noise_sigma: float = Field(32.0, gt=0, description="Pixel-noise std (0-255) of the 'noise' render variant.")
