@@ -271,14 +271,15 @@ class JudgeProbe:
         out = {"pointwise/accuracy": point["exact"], "pointwise/kendall_tau_b": point["kendall_tau_b"],
                "pointwise/mae": point["mae"], "pairwise/accuracy": pairwise_metrics(pairs)["accuracy"],
                "format_valid": parsed / len(self.gold)}  # the pointwise answers'; a missing one failed
-        if self.claims:
-            failed_items = sum(1 for q in res.quarantined
-                               if isinstance(q.get("raw"), dict) and q["raw"].get("protocol") == claims.NAME)
-            rows = [r for r in res.rows if r["protocol"] == claims.NAME]
-            out |= claim_check_metrics(rows, failed_items)
-            if bad := [r for r in rows if r.get("parse_error")]:
-                log.info("held-out: %d of %d claim checks did not parse, e.g. %s: %r", len(bad), len(rows),
-                         bad[0]["parse_error"], bad[0]["raw_output"][:160])
+        # always reported, undefined (NaN) for a judge not taught claims: a config may then guard them in any run
+        # (a guard whose start is undefined guards nothing), and a misspelt measure is still refused
+        failed_items = sum(1 for q in res.quarantined
+                           if isinstance(q.get("raw"), dict) and q["raw"].get("protocol") == claims.NAME)
+        rows = [r for r in res.rows if r["protocol"] == claims.NAME]
+        out |= claim_check_metrics(rows, failed_items)
+        if bad := [r for r in rows if r.get("parse_error")]:
+            log.info("held-out: %d of %d claim checks did not parse, e.g. %s: %r", len(bad), len(rows),
+                     bad[0]["parse_error"], bad[0]["raw_output"][:160])
         return out
 
 

@@ -1,11 +1,13 @@
 """The judge-DPO guard's held-out set and how it reads the judge (no model needed to build it)."""
 
+import math
+
 import pytest
 
 from flywheel.config import REPO_ROOT, load_config
 from flywheel.engines.base import TextEngine, TextResult
 from flywheel.engines.oracle import gold_engine
-from flywheel.train.heldout import Guard
+from flywheel.train.heldout import Guard, HeldoutTracker
 from flywheel.train.heldout_probes import JudgeProbe
 
 
@@ -69,8 +71,13 @@ def test_the_guard_refuses_a_judge_that_stops_answering_claim_checks(claims_prob
     assert guard.violations(start) == []
 
 
-def test_a_judge_without_claims_gets_no_claim_measures():
+def test_a_judge_without_claims_has_undefined_claim_measures_that_guard_nothing():
+    # local.yaml guards claims/format_valid in every run; a judge not taught claims is never claim-checked
     cfg = load_config(REPO_ROOT / "configs" / "local.yaml")
-    probe = JudgeProbe(cfg, cfg.train.judge_dpo.heldout.model_copy(update={"items": 8}), seed=0)
+    h = cfg.train.judge_dpo.heldout
+    probe = JudgeProbe(cfg, h.model_copy(update={"items": 8}), seed=0)
     m = probe.score(gold_engine(cfg.world.shapes))
-    assert not [k for k in m if k.startswith("claims/")] and m["format_valid"] == 1.0
+    assert m["claims/n"] == 0 and math.isnan(m["claims/format_valid"]) and m["format_valid"] == 1.0
+    tracker = HeldoutTracker.from_config(h)
+    tracker.observe(0, m)  # the names check passes: every guarded measure is reported
+    assert tracker.guard.violations({**m, "claims/format_valid": 0.0}) == []
