@@ -170,7 +170,9 @@ def _claim_metrics(gold: list[dict], judged: list[dict], prompts: dict[str, dict
     """`<slice>/claims/<metric>` where the gold has claim checks (world.gold.protocols with claims): each gold
     claim against the judge's check of the same claim of the same candidate, scored as pointwise items (exact: the
     judge's nearest rating is gold's). A claim the judge did not check, or whose check did not parse, fails."""
-    mine = {(j["prompt_id"], j["candidate_ids"][0], claims.header(j["raw_output"])): j
+    if not any(g["protocol"] == claims.NAME for g in gold):
+        return {}
+    mine = {(j["prompt_id"], j["candidate_ids"][0], claims.header(j.get("raw_output"))): j
             for j in judged if j["protocol"] == claims.NAME}
     items: dict[str, list[PointItem]] = defaultdict(list)
     for g in gold:
