@@ -165,7 +165,7 @@ def _slice_names(g: dict, p: dict, unseen_aspects: set[str], ood_subtasks: set[s
     return names
 
 
-def _claim_metrics(gold: list[dict], judged: list[dict], prompts: dict[str, dict], unseen_aspects: set[str],
+def claim_metrics(gold: list[dict], judged: list[dict], prompts: dict[str, dict], unseen_aspects: set[str],
                    ood_subtasks: set[str]) -> dict[str, float]:
     """`<slice>/claims/<metric>` where the gold has claim checks (world.gold.protocols with claims): each gold
     claim against the judge's check of the same claim of the same candidate, scored as pointwise items (exact: the
@@ -215,7 +215,7 @@ def score_split(gold: list[dict], judged: list[dict], prompts: dict[str, dict], 
         if any(i.verdict_ab is not None for i in balanced):  # only a judge read with its probabilities has these
             out |= {f"{name}/pairwise_balanced/{k}": v for k, v in one_verdict_metrics(balanced).items()}
     if claims.NAME in protocols:
-        out |= _claim_metrics(gold, judged, prompts, unseen_aspects, ood_subtasks)
+        out |= claim_metrics(gold, judged, prompts, unseen_aspects, ood_subtasks)
     return out
 
 

@@ -204,6 +204,7 @@ class JudgeProbe:
     """The judge being trained rates seeded gold outputs (pointwise) of fresh oracle prompts."""
 
     def __init__(self, cfg, heldout, seed: int):
+        from flywheel.records import with_ids
         from flywheel.stages.gold import build_gold
         from flywheel.worlds.shapes.suites import make_prompt
 
@@ -217,13 +218,20 @@ class JudgeProbe:
             if row is not None:
                 prompts.append({**row, "split": "id-test", "aspects": [], "meta": json.dumps(row["meta"],
                                                                                              sort_keys=True)})
+        # Claim checks where the judge is taught them: descriptions are rated by their claims, as the gate rates
+        # them, and each check is scored against the oracle's (gold claim checks, as meta-eval scores them); the
+        # checks' format is guarded: a judge never taught claims answered 204 of 219 of them in the pairwise
+        # format ("Verdict: A") while every pointwise rating parsed (docs/tuning.md, runs/flip).
+        self.claims = {t for t in ("iu", "ig") if "claims" in cfg.judgments.protocols.get(t, [])}
+        self.protocols = {t: ["pointwise", *(["claims"] if t in self.claims else [])] for t in ("iu", "ig")}
         gcfg = cfg.model_copy(deep=True)
         gcfg.world.gold.splits = ["id-test"]
         gcfg.world.gold.prompts_per_subtask = heldout.items
-        gcfg.world.gold.protocols = {t: ["pointwise"] for t in ("iu", "ig")}
+        gcfg.world.gold.protocols = self.protocols
         gold = build_gold(gcfg, prompts)["id-test"]
         self.prompts, self.candidates = gold.prompts, gold.candidates
         self.gold = {j["candidate_ids"][0]: j["score"] for j in gold.judgments if j["protocol"] == "pointwise"}
+        self.gold_claims = with_ids("judgment", [j for j in gold.judgments if j["protocol"] == "claims"])
         # Ratings are read as the flywheel reads them (judge.rating_readout), so the held-out target tracks the
         # gate's metric. Measured on the three kept judge DPO updates of a 3-iteration local run: read from the
         # written ratings (12 prompts, ~107 pairs) the probe rose in each (+0.03, +0.04, +0.01) while the gate's
@@ -234,11 +242,6 @@ class JudgeProbe:
         self.generation = cfg.judge.generation.model_copy(update={
             "temperature": 0.0, "max_new_tokens": heldout.max_new_tokens or cfg.judge.generation.max_new_tokens,
             "top_logprobs": cfg.judge.generation.top_logprobs if cfg.judge.rating_readout == "expected" else 0})
-        # Claim checks where the judge is taught them: descriptions are rated by their claims, as the gate rates
-        # them, and the checks' own format is guarded: a judge never taught claims answered 204 of 219 of them in
-        # the pairwise format ("Verdict: A") while every pointwise rating parsed (docs/tuning.md, runs/flip).
-        self.claims = {t for t in ("iu", "ig") if "claims" in cfg.judgments.protocols.get(t, [])}
-        self.protocols = {t: ["pointwise", *(["claims"] if t in self.claims else [])] for t in ("iu", "ig")}
 
     def __call__(self, model, processor) -> dict[str, float]:
         engine = LiveTextEngine(model, processor, self.generation)
@@ -248,6 +251,7 @@ class JudgeProbe:
     def score(self, engine) -> dict[str, float]:
         """The probe's measures of the judge behind `engine`."""
         from flywheel.config import JudgmentsConfig
+        from flywheel.evaluate.meta import claim_metrics
         from flywheel.evaluate.metrics import PointItem, pairs_from_points, pairwise_metrics, pointwise_metrics
         from flywheel.judge import claims
         from flywheel.stages.judgments import JudgmentsCore
@@ -273,31 +277,14 @@ class JudgeProbe:
                "format_valid": parsed / len(self.gold)}  # the pointwise answers'; a missing one failed
         # always reported, undefined (NaN) for a judge not taught claims: a config may then guard them in any run
         # (a guard whose start is undefined guards nothing), and a misspelt measure is still refused
-        failed_items = sum(1 for q in res.quarantined
-                           if isinstance(q.get("raw"), dict) and q["raw"].get("protocol") == claims.NAME)
-        rows = [r for r in res.rows if r["protocol"] == claims.NAME]
-        out |= claim_check_metrics(rows, failed_items)
-        if bad := [r for r in rows if r.get("parse_error")]:
-            log.info("held-out: %d of %d claim checks did not parse, e.g. %s: %r", len(bad), len(rows),
-                     bad[0]["parse_error"], bad[0]["raw_output"][:160])
+        checked = claim_metrics(self.gold_claims, res.rows, {p["prompt_id"]: p for p in self.prompts}, set(), set())
+        out |= {"claims/format_valid": 1.0 - checked.get("all/claims/parse_failure_rate", float("nan")),
+                "claims/accuracy": checked.get("all/claims/exact", float("nan")),
+                "claims/n": checked.get("all/claims/n", 0.0)}
+        if bad := [r for r in res.rows if r["protocol"] == claims.NAME and r.get("parse_error")]:
+            log.info("held-out: %d claim checks did not parse, e.g. %s: %r", len(bad), bad[0]["parse_error"],
+                     bad[0]["raw_output"][:160])
         return out
-
-
-def claim_check_metrics(rows: list[dict], failed_items: int = 0) -> dict[str, float]:
-    """Claim checks' `claims/format_valid` (the share that parsed) and `claims/accuracy` (the share whose nearest
-    rating is the oracle's verdict; a check that did not parse is wrong, never a guess). `failed_items`: responses
-    whose checks the engine failed (quarantined), each counted as one failed check."""
-    from flywheel.worlds.shapes.claims import read_claim, verdict
-
-    n = len(rows) + failed_items
-    if not n:
-        return {"claims/format_valid": float("nan"), "claims/accuracy": float("nan"), "claims/n": 0.0}
-    ok = [r for r in rows if not r.get("parse_error") and r.get("score") is not None]
-    right = 0
-    for r in ok:
-        p = json.loads(r["parsed"]) if isinstance(r["parsed"], str) else r["parsed"]
-        right += abs(float(r["score"]) - verdict(read_claim(p["claim"]), p["against"])[1]) < 0.5
-    return {"claims/format_valid": len(ok) / n, "claims/accuracy": right / n, "claims/n": float(n)}
 
 
 def make_probe(ctx, judge=None):
