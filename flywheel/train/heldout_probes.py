@@ -222,14 +222,15 @@ class JudgeProbe:
         # them, and each check is scored against the oracle's (gold claim checks, as meta-eval scores them); the
         # checks' format is guarded: a judge never taught claims answered 204 of 219 of them in the pairwise
         # format ("Verdict: A") while every pointwise rating parsed (docs/tuning.md, runs/flip).
-        self.claims = {t for t in ("iu", "ig") if "claims" in cfg.judgments.protocols.get(t, [])}
-        self.protocols = {t: ["pointwise", *(["claims"] if t in self.claims else [])] for t in ("iu", "ig")}
+        self.protocols = {t: ["pointwise", *(["claims"] if "claims" in cfg.judgments.protocols.get(t, []) else [])]
+                          for t in ("iu", "ig")}
         gcfg = cfg.model_copy(deep=True)
         gcfg.world.gold.splits = ["id-test"]
         gcfg.world.gold.prompts_per_subtask = heldout.items
         gcfg.world.gold.protocols = self.protocols
         gold = build_gold(gcfg, prompts)["id-test"]
         self.prompts, self.candidates = gold.prompts, gold.candidates
+        self.prompt_by_id = {p["prompt_id"]: p for p in gold.prompts}
         self.gold = {j["candidate_ids"][0]: j["score"] for j in gold.judgments if j["protocol"] == "pointwise"}
         self.gold_claims = with_ids("judgment", [j for j in gold.judgments if j["protocol"] == "claims"])
         # Ratings are read as the flywheel reads them (judge.rating_readout), so the held-out target tracks the
@@ -277,7 +278,7 @@ class JudgeProbe:
                "format_valid": parsed / len(self.gold)}  # the pointwise answers'; a missing one failed
         # always reported, undefined (NaN) for a judge not taught claims: a config may then guard them in any run
         # (a guard whose start is undefined guards nothing), and a misspelt measure is still refused
-        checked = claim_metrics(self.gold_claims, res.rows, {p["prompt_id"]: p for p in self.prompts}, set(), set())
+        checked = claim_metrics(self.gold_claims, res.rows, self.prompt_by_id, set(), set())
         out |= {"claims/format_valid": 1.0 - checked.get("all/claims/parse_failure_rate", float("nan")),
                 "claims/accuracy": checked.get("all/claims/exact", float("nan")),
                 "claims/n": checked.get("all/claims/n", 0.0)}
