@@ -3,8 +3,10 @@ gate's paired test (McNemar, one-sided: is A better than B?). An A/B of a config
 e.g. a judge base built another way, where the iteration's own gate only compares a judge to its champion.
 
 The outcomes are recomputed from each iteration's stored meta-eval (flywheel.evaluate.meta.stored_outcomes, as
-the gate does). The two runs must share their gold (the same seed and world.gold): otherwise their pairs differ
-and the comparison is refused by name. Pooled rows stack (iteration, pair) outcomes: they are not independent
+the gate does). The two runs are paired by what each gold pair is (its prompt, candidates, protocol, aspect and
+gold label), not by its id: a gold id names the model that labelled the run (a teacher change renames every
+pair), so runs of one seed and world.gold pair up across teachers. Runs that share no gold pair (another seed)
+are refused by name. Pooled rows stack (iteration, pair) outcomes: they are not independent
 draws (the same gold each iteration), so read their p as a summary, not a test of its own.
 
     .venv/bin/python bench/compare_judges.py --a runs/fb --b runs/fr3 --iterations 001,002,003,004
@@ -20,6 +22,10 @@ iterations 1-4 of each): id-test pooled 0.800 vs 0.791, A better on 86 pairs, wo
 0.795 vs 0.562, 56 / 15 (p=5.2e-07). Iteration 0 alone: id-test 0.683 vs 0.812, 21 / 47. Seed 1 (runs/s1b vs
 runs/s1n, the same bases, iterations 000,001,002): id-test 0.756 vs 0.765, 65 / 71; ood-test 0.765 vs 0.689, 31 / 21
 (p=0.11).
+
+Measured 2026-11-29 across teachers (A: runs/flip2, the flip teacher; B: runs/claims, the jitter teacher; the same
+seed, bases and claims overrides; iterations 000,001), all 202 id-test and 44 ood-test pairs paired: id-test 0.733
+vs 0.762 (25 / 31) and 0.797 vs 0.797 (22 / 22); ood-test 0.659 vs 0.500 (11 / 4, p=0.059) and 0.659 vs 0.682.
 """
 from __future__ import annotations
 
@@ -27,7 +33,6 @@ import argparse
 
 from flywheel import storage
 from flywheel.config import Config, load_config
-from flywheel.datasets import read_manifest
 from flywheel.evaluate import meta
 from flywheel.gate import mcnemar
 from flywheel.iteration import paths
@@ -35,9 +40,10 @@ from flywheel.iteration import paths
 SPLITS = ("id-test", "ood-test")
 
 
-def gold_hash(cfg: Config, split: str) -> str:
-    """The content hash of a run's gold judgments on `split`: equal hashes, the same pairs."""
-    return read_manifest(storage.join(paths(cfg, 0)["gold"], split, "judgments")).content_hash
+def gold_pairs(cfg: Config, split: str) -> dict[str, tuple]:
+    """A run's gold judgment id -> what that gold item is: (prompt, candidates, protocol, aspect, gold label)."""
+    gold, _ = meta.read_gold(storage.join(paths(cfg, 0)["gold"], split))
+    return {g["judgment_id"]: (*meta.item_key(g), g["verdict"], g["score"]) for g in gold}
 
 
 def outcomes(cfg: Config, iteration: int, metric: str) -> dict[str, bool]:
@@ -64,13 +70,15 @@ def run(cfg_a: Config, cfg_b: Config, iters_a: list[int], iters_b: list[int], na
         raise SystemExit(f"--iterations names {len(iters_a)} iterations of A, --b-iterations {len(iters_b)} of B")
     rows = []
     for split in splits:
-        if gold_hash(cfg_a, split) != gold_hash(cfg_b, split):
-            raise SystemExit(f"the runs' {split} gold differs ({cfg_a.run.workdir} vs {cfg_b.run.workdir}): their "
-                             "pairs are not the same; compare runs of one seed and world.gold")
+        pairs_a, pairs_b = gold_pairs(cfg_a, split), gold_pairs(cfg_b, split)
+        if not set(pairs_a.values()) & set(pairs_b.values()):
+            raise SystemExit(f"the runs' {split} gold shares no pair ({cfg_a.run.workdir} vs {cfg_b.run.workdir}): "
+                             "compare runs of one seed and world.gold")
         metric, metric_b = f"{split}/{name}", f"{split}/{name_b or name}"
         pool_a, pool_b = {}, {}
         for ia, ib in zip(iters_a, iters_b):
-            oa, ob = outcomes(cfg_a, ia, metric), outcomes(cfg_b, ib, metric_b)
+            oa = {pairs_a[k]: v for k, v in outcomes(cfg_a, ia, metric).items()}
+            ob = {pairs_b[k]: v for k, v in outcomes(cfg_b, ib, metric_b).items()}
             rows.append((f"{split} {ia:03d} vs {ib:03d}", compare(oa, ob)))
             pool_a |= {(ia, ib, k): v for k, v in oa.items()}
             pool_b |= {(ia, ib, k): v for k, v in ob.items()}

@@ -109,7 +109,7 @@ def _perturbed(prompt: dict, candidate: dict) -> bool:
     return any("perturbation" in perturbation.meta_of(r) for r in (prompt, candidate))
 
 
-def _key(row: dict) -> tuple:
+def item_key(row: dict) -> tuple:
     """The gold item a judged row answers: a claim check answers its candidate's pointwise item."""
     protocol = "pointwise" if row["protocol"] == claims.NAME else row["protocol"]
     return row["prompt_id"], tuple(row["candidate_ids"]), protocol, row["aspect"]
@@ -127,7 +127,7 @@ def _slices(gold: list[dict], judged: list[dict], prompts: dict[str, dict], unse
     by_key: dict[tuple, dict[str | None, dict]] = defaultdict(dict)
     for j in judged:
         if j["protocol"] != claims.NAME:
-            by_key[_key(j)][j["order"]] = j
+            by_key[item_key(j)][j["order"]] = j
     rating = {(j["prompt_id"], j["candidate_ids"][0]): j["score"] if j["parse_error"] is None else None
               for j in judged if j["protocol"] == "pointwise" and j["aspect"] is None}
     if "claims" in protocols:  # a description with claim checks is rated by them (as the preference stage does)
@@ -135,7 +135,7 @@ def _slices(gold: list[dict], judged: list[dict], prompts: dict[str, dict], unse
     slices: Slices = defaultdict(lambda: ([], [], [], []))
     for g in gold:
         names = _slice_names(g, prompts[g["prompt_id"]], unseen_aspects, ood_subtasks)
-        mine = by_key.get(_key(g), {})
+        mine = by_key.get(item_key(g), {})
         key = g["judgment_id"]
         ab, ba = mine.get("AB"), mine.get("BA")
         # once per gold pair, not per slice: each order's probabilities are JSON to parse
@@ -246,7 +246,7 @@ def _inputs(gold_base: str) -> list[str]:
     return [storage.join(gold_base, part) for part in ("judgments", "prompts", "candidates")]
 
 
-def _gold(gold_base: str) -> tuple[list[dict], dict[str, dict]]:
+def read_gold(gold_base: str) -> tuple[list[dict], dict[str, dict]]:
     """A split's gold items meta-eval scores (pointwise, pairwise and claim checks) and its prompts by id."""
     gold = [g for g in read_dataset(storage.join(gold_base, "judgments"))[0].to_pylist()
             if g["protocol"] in ("pointwise", "pairwise", claims.NAME)]
@@ -266,7 +266,7 @@ def stored_outcomes(cfg: Config, gold_uri: str, output_uri: str, metric: str) ->
         # the gold's three manifests lead the judged rows' upstream (judge_parts adds the combined stage's output)
         if [u.content_hash for u in manifest.upstream][:len(gold_hashes)] != gold_hashes:
             raise OutcomesUnavailable(f"the gold at {base} changed since {judged_uri} was judged")
-        gold, prompts = _gold(base)
+        gold, prompts = read_gold(base)
     except (FileNotFoundError, ManifestMismatch) as e:  # FileNotFoundError covers a missing manifest
         raise OutcomesUnavailable(f"cannot read the meta-eval at {judged_uri}: {e}") from e
     s = cfg.world.suites.split
@@ -275,10 +275,10 @@ def stored_outcomes(cfg: Config, gold_uri: str, output_uri: str, metric: str) ->
 
 def _scores(gold: list[dict], judged: list[dict]) -> dict[str, float | None]:
     """Gold judgment id -> the judge's pointwise score of that item (None: unparsed, or not judged at all)."""
-    by_key = {_key(j): j for j in judged if j["order"] is None and j["protocol"] != claims.NAME}
+    by_key = {item_key(j): j for j in judged if j["order"] is None and j["protocol"] != claims.NAME}
     out: dict[str, float | None] = {}
     for g in gold:
-        j = by_key.get(_key(g))
+        j = by_key.get(item_key(g))
         out[g["judgment_id"]] = j["score"] if j is not None and j["parse_error"] is None else None
     return out
 
@@ -354,8 +354,8 @@ def judge_parts(cfg: Config, parts: list[_Part], output_uri: str, role: str, eng
     out = {}
     for part in parts:
         upstream = [*inputs[part.name], combined]
-        keys = {_key(g) for g in gold[part.name]}
-        out[part.name] = [j for j in judged if _key(j) in keys]
+        keys = {item_key(g) for g in gold[part.name]}
+        out[part.name] = [j for j in judged if item_key(j) in keys]
         if up_to_date(part.output, stage_hash, upstream) is None:
             write_dataset(part.output, "judgment", out[part.name], config_hash=stage_hash,
                           producer=f"meta-eval-{role}-{part.name}", upstream=upstream, limits=cfg.limits)
@@ -378,7 +378,7 @@ def run(cfg: Config, gold_uri: str, output_uri: str, role: str = "judge", engine
         if not storage.exists(storage.join(base, "judgments", "manifest.json")):
             log.info("meta-eval: no gold for %s at %s; skipped", split, base)
             continue
-        gold, prompts = _gold(base)
+        gold, prompts = read_gold(base)
         parts.append(_Part(split, _inputs(base), storage.join(output_uri, split)))
         ps = None
         if perturb:

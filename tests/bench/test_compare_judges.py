@@ -1,5 +1,6 @@
 """bench/compare_judges.py: two runs' judges compared pair by pair on their shared gold, as the gate's McNemar test
-counts them, and refused when the runs' gold differs (their pairs would not be the same pairs)."""
+counts them, paired by what each gold pair is (not its id, which names the labeller), and refused when the runs'
+gold shares no pair."""
 
 import pytest
 from bench_scripts import load_bench
@@ -12,11 +13,11 @@ from flywheel.iteration import paths
 bench = load_bench("compare_judges")
 
 
-def _run(root, name: str, right_by_iteration: list[list[bool]], gold_seed: int = 0):
+def _run(root, name: str, right_by_iteration: list[list[bool]], gold_seed: int = 0, labeller: str = "oracle"):
     """A run's workdir holding one gold set and each iteration's stored meta-eval (right[i]: gold pair i)."""
     cfg = load_config(None, [f"run.workdir={root / name}"])
     gold = paths(cfg, 0)["gold"]
-    ids = write_gold(gold, len(right_by_iteration[0]), seed=gold_seed)
+    ids = write_gold(gold, len(right_by_iteration[0]), seed=gold_seed, labeller=labeller)
     for n, right in enumerate(right_by_iteration):
         write_judged(paths(cfg, n)["meta-eval"], gold, dict(zip(ids, right)))
     return cfg
@@ -36,10 +37,18 @@ def test_two_runs_judges_are_compared_on_the_same_pairs_per_iteration_and_pooled
     assert same["id-test 000 vs 001"]["worse"] == 2 and same["id-test 000 vs 001"]["better"] == 0
 
 
+def test_runs_whose_gold_ids_name_another_labeller_are_paired_by_what_each_pair_is(tmp_path):
+    # the same gold pairs under other ids (a run whose teacher version changed): B's pair i is A's pair i
+    a = _run(tmp_path, "a", [[True] * 8 + [False] * 4])
+    b = _run(tmp_path, "b", [[False] * 2 + [True] * 6 + [True] * 2 + [False] * 2], labeller="oracle-v2")
+    r = dict(bench.run(a, b, [0], [0], "all/pointwise_ranking/accuracy", splits=("id-test",)))["id-test 000 vs 000"]
+    assert (r["n"], r["better"], r["worse"]) == (12, 2, 2)
+
+
 def test_runs_with_other_gold_or_a_missing_iteration_are_refused_by_name(tmp_path):
     a = _run(tmp_path, "a", [[True] * 6])
     other = _run(tmp_path, "other", [[True] * 6], gold_seed=1)
-    with pytest.raises(SystemExit, match="id-test gold differs"):
+    with pytest.raises(SystemExit, match="id-test gold shares no pair"):
         bench.run(a, other, [0], [0], "all/pointwise_ranking/accuracy", splits=("id-test",))
     with pytest.raises(SystemExit, match="iteration 3: cannot read the meta-eval"):
         bench.run(a, a, [0], [3], "all/pointwise_ranking/accuracy", splits=("id-test",))
