@@ -284,6 +284,13 @@ class JudgmentsConfig(StrictModel):
         ["iu_caption", "nlg_describe_scene"], description="Sub-tasks the claims protocol judges (RLAIF-V's "
         "divide-and-conquer, flywheel/judge/claims.py): responses that describe, whose claims can be checked one "
         "by one against the prompt's reference. Where a candidate has claim judgments, they rank it.")
+    claim_splitter: Literal["world", "judge"] = Field(
+        "world", description="What splits a description into claims for the claims protocol: `world`, the oracle "
+        "world's parser (no model; it reads only that world's text, and a real caption it finds no claim in is "
+        "quarantined saying so); `judge`, the judging engine itself, asked for the claims of the response and "
+        "of the reference first (RLAIF-V's divide step, flywheel/judge/claim_split.py): the teacher when it "
+        "labels, the judge when it rates, so a judge must be able to split (a pretrained instruct VLM). A split "
+        "that does not parse fails its candidate's claim checks as a parse failure.")
 
     @field_validator("protocols")
     @classmethod
@@ -500,6 +507,16 @@ class Config(StrictModel):
         if "/pairwise_balanced/" in metric and self.judge.rating_readout != "expected":
             raise ValueError(f"gate.judge_metric {metric!r} balances the verdicts' probabilities, which are read "
                              "only with judge.rating_readout: expected (it is 'text')")
+        return self
+
+    @model_validator(mode="after")
+    def _gold_claims_split_alike(self) -> "Config":
+        # gold claim checks are the world parser's claims; a judge's own split names other claims, none would pair
+        gold_claims = any("claims" in v for v in self.world.gold.protocols.values())
+        if gold_claims and self.judgments.claim_splitter != "world":
+            raise ValueError("world.gold.protocols has claims, scored claim by claim against the world parser's "
+                             f"split, but judgments.claim_splitter is {self.judgments.claim_splitter!r}: set it to "
+                             "world, or take claims out of world.gold.protocols")
         return self
 
     @model_validator(mode="after")

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import logging
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,10 +32,11 @@ from flywheel.engines import TextRequest, make_text_engine
 from flywheel.evaluate import metric_names, perturbation
 from flywheel.evaluate.metrics import (PairItem, PointItem, one_verdict_metrics, pair_correct, pairwise_metrics,
                                       pointwise_metrics)
-from flywheel.judge import claims, pairwise, pointwise
+from flywheel.judge import claim_split, claims, pairwise, pointwise
+from flywheel.judge.base import ParseError, error_fields
 from flywheel.records import config_hash
 from flywheel.stages.runner import CoreOutput, run_stage, up_to_date
-from flywheel.worlds.shapes.claims import claim_texts  # the claims' splitter: the world's parser (text only)
+from flywheel.worlds.shapes.claims import claim_texts  # the world's claim splitter (judgments.claim_splitter)
 from flywheel.worlds.shapes.teacher import make_context  # ground truth for the oracle; models ignore it
 
 log = logging.getLogger(__name__)
@@ -43,7 +45,8 @@ SPLITS = ("id-test", "ood-test")
 
 class MetaEvalCore:
     """Gold judgment rows in → the judge's judgment rows for the same items (pointwise once, pairwise AB and BA;
-    with meta_eval.protocols' claims, a row per claim of a description's pointwise item)."""
+    with meta_eval.protocols' claims, a row per claim of a description's pointwise item, split as
+    judgments.claim_splitter says: by the world's parser, or by the judge itself first)."""
 
     def __init__(self, cfg: Config, prompts_uri: str | list[str], candidates_uri: str | list[str], engine=None,
                  role: str = "judge"):
@@ -55,9 +58,13 @@ class MetaEvalCore:
         self.readout = cfg.judge.rating_readout
         self.protocols = set(cfg.meta_eval.protocols)
         self.claim_subtasks = set(cfg.judgments.claim_subtasks)
+        self.splitter = cfg.judgments.claim_splitter
 
     def __call__(self, gold_rows: list[dict]) -> CoreOutput:
         jobs: list[tuple[dict, str | claims.ClaimCheck | None, TextRequest]] = []
+        out = CoreOutput()
+        to_check = [g for g in gold_rows if self._checks_claims(g)]
+        splits = self._splits(to_check, out) if self.splitter == "judge" else {}
         for g in gold_rows:
             prompt = self.prompts[g["prompt_id"]]
             cands = [self.candidates[c] for c in g["candidate_ids"]]
@@ -71,14 +78,13 @@ class MetaEvalCore:
                     shown = cands if order == "AB" else cands[::-1]
                     req.context = make_context("pairwise", prompt, shown, aspect=g["aspect"], order=order)
                     jobs.append((g, order, req))
-            if (g["protocol"] == "pointwise" and g["aspect"] is None and "claims" in self.protocols
-                    and prompt.get("subtask") in self.claim_subtasks and not _perturbed(prompt, cands[0])):
-                for check in claims.checks(prompt, cands[0], claim_texts, style=self.style):
+            if g["judgment_id"] in splits or (self.splitter == "world" and self._checks_claims(g)):
+                split = splits.get(g["judgment_id"], claim_texts)
+                for check in claims.checks(prompt, cands[0], split, style=self.style):
                     check.request.context = make_context("claims", prompt, cands, claim=check.claim,
                                                          against=check.against)
                     jobs.append((g, check, check.request))
         results = self.engine.generate([r for _, _, r in jobs])
-        out = CoreOutput()
         for (g, order, _), res in zip(jobs, results, strict=True):
             if not res.ok:
                 out.quarantined.append({"kind": "judgment", "index": 0, "reason": f"judge: {res.error}",
@@ -93,10 +99,55 @@ class MetaEvalCore:
                 fields = pointwise.result_fields(res, self.readout)
             else:
                 fields = pairwise.result_fields(res, order, self.readout)
-            out.rows.append({"prompt_id": g["prompt_id"], "candidate_ids": g["candidate_ids"], "judge": self.judge,
-                             "protocol": protocol, "aspect": g["aspect"], "order": order, "sample_k": 0,
-                             "raw_output": raw, **fields})
+            out.rows.append(self._row(g, protocol, order, raw, fields))
         return out
+
+    def _row(self, g: dict, protocol: str, order: str | None, raw: str, fields: dict) -> dict:
+        return {"prompt_id": g["prompt_id"], "candidate_ids": g["candidate_ids"], "judge": self.judge,
+                "protocol": protocol, "aspect": g["aspect"], "order": order, "sample_k": 0, "raw_output": raw,
+                **fields}
+
+    def _checks_claims(self, g: dict) -> bool:
+        """Whether a gold item's candidate is also claim-checked (a description's overall pointwise item)."""
+        prompt = self.prompts[g["prompt_id"]]
+        return (g["protocol"] == "pointwise" and g["aspect"] is None and "claims" in self.protocols
+                and prompt.get("subtask") in self.claim_subtasks
+                and not _perturbed(prompt, self.candidates[g["candidate_ids"][0]]))
+
+    def _splits(self, items: list[dict], out: CoreOutput) -> dict[str, Callable[[str], list[str]]]:
+        """judgments.claim_splitter judge: the judge splits each item's response and reference first (one batch).
+        Gold id -> its split; an item whose split did not parse gets a claims row with the parse error instead
+        (its candidate's claims fail, as in the judgments stage), one the engine failed on is quarantined."""
+        asked: list[tuple[dict, str, TextRequest]] = []
+        for g in items:
+            prompt, cand = self.prompts[g["prompt_id"]], self.candidates[g["candidate_ids"][0]]
+            for side, text in ((claims.PRECISION, cand.get("output_text")), (claims.RECALL,
+                                                                               prompt.get("reference_text"))):
+                if text:
+                    req = claim_split.build(text, style=self.style)
+                    req.context = make_context("claims", prompt, [cand], step="split", text=text)
+                    asked.append((g, side, req))
+        results = self.engine.generate([r for _, _, r in asked])
+        got: dict[str, dict[str, list[str]]] = defaultdict(dict)
+        failed: set[str] = set()
+        for (g, side, req), res in zip(asked, results, strict=True):
+            gid = g["judgment_id"]
+            if gid in failed:
+                continue
+            parsed = claim_split.parse(res.text) if res.ok else None
+            if isinstance(parsed, list):
+                got[gid][req.context["text"]] = parsed
+                continue
+            failed.add(gid)
+            if not res.ok:
+                out.quarantined.append({"kind": "judgment", "index": 0, "field": "raw_output",
+                                        "reason": f"judge: splitting claims: {res.error}",
+                                        "raw": {"gold": gid, "order": None}})
+            else:
+                raw = claim_split.raw_output(side, res.text)
+                out.rows.append(self._row(g, claims.NAME, None, raw,
+                                          error_fields(ParseError(raw, f"split: {parsed.reason}"))))
+        return {gid: (lambda text, m=m: m.get(text, [])) for gid, m in got.items() if gid not in failed}
 
 
 def _by_id(uris: str | list[str], kind: str) -> dict[str, dict]:

@@ -11,8 +11,9 @@ Per task (config `judgments.protocols`):
               it (all items in one request, or one per item); rows carry the rubric in parsed["rubric"]
   decomposed  T2I: extraction from the prompt once per (prompt, k) -> caption + answers from each image without
               the prompt -> explanations and scores; rows hold the three steps' outputs (raw) and the judgment
-  claims      RLAIF-V: a description (judgments.claim_subtasks) split into claims, each checked in its own request
-              against the reference and the reference's against it; one row per claim (parsed names it)
+  claims      RLAIF-V: a description (judgments.claim_subtasks) split into claims (by the world's parser, or by
+              the engine first: judgments.claim_splitter), each checked in its own request against the reference
+              and the reference's against it; one row per claim (parsed names it)
 An output that does not parse is kept with its raw text and the reason (`parse_error`, prefixed with the step for
 multi-step protocols) - never coerced; a request the engine fails on, or that cannot be built, is quarantined
 with its reason (there is no output to keep), and so is a row identical to an earlier one (same content hash:
@@ -41,6 +42,8 @@ from flywheel.aspects import AspectTree, Selection
 from flywheel.config import Config, JudgmentsConfig
 from flywheel.engines.base import TextEngine, TextRequest, TextResult
 from flywheel.judge import aspects as ap
+from flywheel.judge import base
+from flywheel.judge import claim_split as cs
 from flywheel.judge import claims as cl
 from flywheel.judge import decomposed as dc
 from flywheel.judge import pairwise as pw
@@ -49,7 +52,7 @@ from flywheel.judge import rubric as rb
 from flywheel.judge.base import ParseError, error_fields
 from flywheel.records import make_id
 from flywheel.stages.runner import CoreOutput, StageResult, run_stage
-from flywheel.worlds.shapes.claims import claim_texts  # the claims' splitter: the world's parser (text only)
+from flywheel.worlds.shapes.claims import claim_texts  # the world's claim splitter (judgments.claim_splitter)
 from flywheel.worlds.shapes.teacher import make_context
 
 log = logging.getLogger(__name__)
@@ -335,8 +338,13 @@ class JudgmentsCore:
 
     # ---- claim checks (RLAIF-V)
     def _claims(self, i, p, c, k, out) -> Item:
+        split = claim_texts
+        if self.jcfg.claim_splitter == "judge":
+            split, rows = yield from self._split(i, p, c, k, out)
+            if split is None:
+                return rows
         try:
-            checks = cl.checks(p, c, claim_texts, style=self.style)
+            checks = cl.checks(p, c, split, style=self.style)
             reqs = [self._with(ch.request, protocol="claims", prompt=p, candidates=[c], sample_k=k, claim=ch.claim,
                                against=ch.against) for ch in checks]
         except (ValueError, TypeError) as e:
@@ -344,9 +352,10 @@ class JudgmentsCore:
             return []
         if not checks:  # no reference or no text to check: the other protocols judge it
             if p.get("reference_text") and c.get("output_text"):  # both texts, yet not one claim: say so
+                why = ("the shapes world's parser, which reads only that world's text" if split is claim_texts
+                       else "the engine's split: both answered 'Claims: none'")
                 self._reject(out, i, p, [c], "claims", k, "the claim splitter found no claim in the response or "
-                             "the reference: nothing checked (the splitter is the shapes world's parser, which "
-                             "reads only that world's text)")
+                             f"the reference: nothing checked ({why})")
             return []
         results = yield reqs
         failed = [r.error for r in results if not r.ok]
@@ -355,6 +364,31 @@ class JudgmentsCore:
             return []
         return [self._row(p, [c], "claims", k, cl.raw_output(ch, r.text), cl.fields(ch, r, self.readout))
                 for ch, r in zip(checks, results)]
+
+    def _split(self, i, p, c, k, out):
+        """RLAIF-V's divide step by the judging engine: the response's and the reference's claims, one request
+        each. (text -> claims, []) when both parse; (None, [a parse-failure row]) when one does not, so the
+        candidate's claims fail as unparsed; (None, []) when the engine failed (quarantined)."""
+        sides = ((cl.PRECISION, base.output_of(c)[0]), (cl.RECALL, p.get("reference_text")))
+        texts = {side: t for side, t in sides if t}
+        if len(texts) < 2:  # nothing to check against: checks() finds no claim to check either
+            return (lambda _: []), []
+        reqs = [self._with(cs.build(t, style=self.style, rid=c.get("candidate_id")), protocol="claims",
+                           step="split", prompt=p, candidates=[c], sample_k=k, text=t) for t in texts.values()]
+        results = yield reqs
+        bad = next((r.error for r in results if not r.ok), None)
+        if bad is not None:
+            self._reject(out, i, p, [c], "claims", k, f"engine error splitting claims: {bad}")
+            return None, []
+        claims: dict[str, list[str]] = {}
+        for (side, text), r in zip(texts.items(), results):
+            got = cs.parse(r.text)
+            if isinstance(got, ParseError):
+                raw = cs.raw_output(side, r.text)
+                err = error_fields(ParseError(raw, f"split: {got.reason}"))
+                return None, [self._row(p, [c], "claims", k, raw, err)]
+            claims[text] = got
+        return claims.__getitem__, []
 
     # ---- decomposed T2I
     def _decomposed(self, i, p, cands, k, out) -> Item:

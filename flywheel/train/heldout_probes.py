@@ -85,7 +85,8 @@ class JudgeScorer:
 
         self.cfg, self.engine = cfg, engine
         self.jcfg = JudgmentsConfig(protocols=dict(cfg.preferences.protocols), samples_per_item=1,
-                                    max_pairs_per_prompt=1)
+                                    max_pairs_per_prompt=1, claim_subtasks=cfg.judgments.claim_subtasks,
+                                    claim_splitter=cfg.judgments.claim_splitter)
 
     def __call__(self, prompts: list[dict], outputs: list[dict]) -> dict[str, float]:
         """prompts: records without ids; outputs: per prompt {"output_text": ...} or {"output_images": [...]}.
@@ -257,6 +258,7 @@ class JudgeProbe:
         from flywheel.judge import claims
         from flywheel.stages.judgments import JudgmentsCore
 
+        # claims split by the world's parser whatever judgments.claim_splitter says: the gold claims are its
         core = JudgmentsCore(self.cfg, self.candidates, engine=engine, role="judge",
                              judgments=JudgmentsConfig(protocols=self.protocols, samples_per_item=1,
                                                        claim_subtasks=self.cfg.judgments.claim_subtasks))

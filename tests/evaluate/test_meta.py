@@ -364,6 +364,39 @@ def test_claims_meta_eval_checks_only_descriptions_and_rates_them_by_their_claim
     assert 0.5 < m["subtask/iu_caption/pointwise_ranking/accuracy"] <= 1.0  # the claims' own ceiling
 
 
+def test_a_judge_that_splits_claims_itself_is_rated_by_its_own_split(gold_uri):
+    """judgments.claim_splitter judge: the judge lists each description's claims before checking them. The
+    noiseless oracle's list is the world's parse, so its claim rows are the world splitter's; the random tiny judge
+    writes no list, so each description's claims fail as one unparsed split, never as a guessed score."""
+    from flywheel.datasets import read_dataset
+
+    c, root = gold_uri
+    cj = load_config(None, [f"run.workdir={c.run.workdir}", "world.suites.prompts_per_subtask=8",
+                            "world.gold.prompts_per_subtask=1", "world.gold.max_pairs_per_prompt=1",
+                            "judge.generation.max_new_tokens=8", "meta_eval.protocols=[pointwise, claims]",
+                            "world.gold.splits=[id-test, ood-test]", "meta_eval.perturbation.enabled=false",
+                            "judgments.claim_splitter=judge"])
+    meta.run(cj, str(root / "gold"), str(root / "me-split"), engine_factory=lambda: gold_engine(c.world.shapes))
+    meta.run(cj.model_copy(update={"judgments": c.judgments}), str(root / "gold"), str(root / "me-split-world"),
+             engine_factory=lambda: gold_engine(c.world.shapes))
+
+    def claim_rows(name):
+        return sorted((j["prompt_id"], j["candidate_ids"][0], j["raw_output"], j["score"])
+                      for j in read_dataset(str(root / name / "id-test"))[0].to_pylist() if j["protocol"] == "claims")
+    assert claim_rows("me-split") == claim_rows("me-split-world") and claim_rows("me-split")
+    zoo = meta.run(with_models(cj, judge="zoo:judge"), str(root / "gold"), str(root / "me-split-zoo"))["id-test"]
+    judged = [j for j in read_dataset(str(root / "me-split-zoo" / "id-test"))[0].to_pylist()
+              if j["protocol"] == "claims"]
+    assert judged and all(j["parse_error"].startswith("split: ") and j["score"] is None for j in judged)
+    assert all(j["raw_output"].startswith("claim split: ") for j in judged)
+    assert zoo["subtask/iu_caption/pointwise_ranking/accuracy"] == 0.0  # an unparsed description ranks nothing
+
+
+def test_gold_claim_checks_need_the_world_splitter_they_are_keyed_by():
+    with pytest.raises(ValueError, match="judgments.claim_splitter is 'judge': set it to world"):
+        load_config(None, ["world.gold.protocols.iu=[pointwise, claims]", "judgments.claim_splitter=judge"])
+
+
 def test_gold_claim_checks_score_the_judges_claims_one_by_one(gold_uri):
     """world.gold.protocols with claims: the oracle's verdict on each claim is gold, and meta-eval scores the
     judge's check of the same claim against it (`<slice>/claims/...`); a check that did not parse fails."""

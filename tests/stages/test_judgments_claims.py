@@ -10,9 +10,10 @@ import pytest
 from flywheel.aspects import AspectTree
 from flywheel.config import JudgmentsConfig
 from flywheel.curate.pipeline import curate_judge_data
-from flywheel.engines.oracle import OracleTextEngine
+from flywheel.engines.base import TextResult
+from flywheel.engines.oracle import OracleTextEngine, RecordingEngine
 from flywheel.judge import claims
-from flywheel.records import validate, with_ids
+from flywheel.records import make_id, validate, with_ids
 from flywheel.stages.judgments import JudgmentsCore
 from flywheel.worlds.shapes.claims import claim_texts, read_claim, verdict
 from flywheel.worlds.shapes.gold import gold_candidates
@@ -129,3 +130,42 @@ def test_a_description_the_splitter_finds_no_claim_in_is_quarantined_with_why(se
     empty = JudgmentsCore(c, [{**cand, "output_text": ""}], engine=OracleTextEngine(c.teacher, c.world.shapes))(
         [{**p, "reference_text": next(x for x in prompts if x["subtask"] == "iu_caption")["reference_text"]}])
     assert not empty.quarantined and empty.rows
+
+
+class SplitsBadly(OracleTextEngine):
+    """Stands in for a judge that cannot split a text into claims (a small model; the real tiny judge is meta-eval's
+    case, tests/evaluate/test_meta.py): the oracle's answers, but prose where a claim list is asked for."""
+
+    def generate(self, requests, seed=0):
+        got = super().generate(requests, seed)
+        return [TextResult(text="A red circle, I think.") if (r.context or {}).get("step") == "split" else g
+                for r, g in zip(requests, got)]
+
+
+def test_the_engine_splitting_claims_checks_the_claims_the_world_parser_finds(setup):
+    # judgments.claim_splitter judge: the teacher lists the claims first (RLAIF-V's divide step); the oracle's list
+    # is the world's parse, so every claim row is the one the world splitter makes, and two split requests per
+    # candidate and sample come first
+    c, prompts, cands, out = setup
+    cj = c.model_copy(update={"judgments": c.judgments.model_copy(update={"claim_splitter": "judge"})})
+    engine = RecordingEngine(OracleTextEngine(c.teacher.model_copy(update={"error_rate": 0.0}), c.world.shapes))
+    by_engine = JudgmentsCore(cj, cands, engine=engine)(prompts)
+    assert not by_engine.quarantined
+    assert sorted(make_id("judgment", r) for r in by_engine.rows) == sorted(make_id("judgment", r) for r in out.rows)
+    steps = Counter((r.context or {}).get("step") for r in engine.requests)
+    described = [x for x in cands if next(p for p in prompts if p["prompt_id"] == x["prompt_id"])["subtask"]
+                 in c.judgments.claim_subtasks]
+    assert steps["split"] == 2 * len(described) * c.judgments.samples_per_item
+    assert steps[None] == len(out.rows)
+
+
+def test_a_split_that_does_not_parse_fails_its_candidates_claims_as_unparsed(setup):
+    c, prompts, cands, _ = setup
+    cj = c.model_copy(update={"judgments": c.judgments.model_copy(update={"claim_splitter": "judge"})})
+    out = JudgmentsCore(cj, cands, engine=SplitsBadly(c.teacher, c.world.shapes))(prompts)
+    assert not out.quarantined and out.rows
+    assert all(r["parse_error"] == 'split: no "Claims:" line' and r["score"] is None for r in out.rows)
+    assert all(r["raw_output"] == "claim split: response\nA red circle, I think." for r in out.rows)
+    assert set(claims.candidate_scores(out.rows).values()) == {None}  # never a guessed score
+    assert len(out.rows) == len({(r["candidate_ids"][0], r["sample_k"]) for r in out.rows})  # one per sample
+    assert curate_judge_data(out.rows, prompts, cands, style=c.judge.prompt_style).sft == []  # nothing taught

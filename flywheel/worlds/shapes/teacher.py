@@ -17,7 +17,7 @@ same answers. Kinds that apply per request:
   pointwise          score_jitter, wrong_analysis        aspects         score_jitter, wrong_analysis
   pairwise           verdict_flip, wrong_analysis        rubric grade    verdict_flip, wrong_analysis
   decomposed scores  score_jitter, wrong_analysis        claims          verdict_flip (stated <-> not stated)
-  (rubric drafting, decomposed extraction / answers: none)
+  (rubric drafting, decomposed extraction / answers, claim splits: none)
 Every drawn error changes the answer (a jitter never lands on the gold value; a misperception flips a finding
 whose shift is possible), so the realised error rate is the configured one.
 """
@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from flywheel.judge import aspects as ap
+from flywheel.judge import claim_split as cs
 from flywheel.judge import decomposed as dc
 from flywheel.judge import pairwise as pw
 from flywheel.judge import pointwise as pt
@@ -40,7 +41,7 @@ from flywheel.judge import rubric as rb
 from flywheel.judge.base import clean_text, one_line
 from flywheel.worlds.shapes.assess import assess
 from flywheel.worlds.shapes.assessment import Assessment, Finding, ImageFacts, load_meta, value_score
-from flywheel.worlds.shapes.claims import misread, read_claim, verdict
+from flywheel.worlds.shapes.claims import claim_texts, misread, read_claim, verdict
 from flywheel.worlds.shapes.config import ShapesWorldConfig
 from flywheel.worlds.shapes.oracle_config import TeacherConfig
 from flywheel.worlds.shapes.teacher_items import (TeacherError, answer_question, caption_of, extraction_for,
@@ -56,7 +57,7 @@ APPLICABLE: dict[tuple[str, str | None], tuple[str, ...]] = {
     ("claims", None): ("verdict_flip",),
 }
 STEPS = {"pointwise": (None,), "pairwise": (None,), "aspects": (None,), "rubric": ("generate", "grade"),
-         "decomposed": ("extraction", "answers", "scores"), "claims": (None,)}
+         "decomposed": ("extraction", "answers", "scores"), "claims": (None, "split")}
 
 
 @dataclass(frozen=True)
@@ -73,9 +74,9 @@ def make_context(protocol: str, prompt: dict, candidates: Sequence[dict] = (), *
                  aspects: Sequence[str] | None = None, sections: Sequence[str] | None = None,
                  rubric: rb.Rubric | None = None, item_ids: Sequence[str] | None = None,
                  extraction: dc.Extraction | None = None, answers: dc.Answers | None = None,
-                 claim: str | None = None, against: str | None = None) -> dict[str, Any]:
+                 claim: str | None = None, against: str | None = None, text: str | None = None) -> dict[str, Any]:
     """The `TextRequest.context` the oracle judges from. candidates: in the order the request shows them; claim and
-    against: a claim check's claim and the text it is checked against."""
+    against: a claim check's claim and the text it is checked against; text: the text a claim split splits."""
     ctx = {"protocol": protocol, "step": step, "prompt": prompt, "candidates": list(candidates),
            "sample_k": int(sample_k), "aspect": aspect, "order": order, "group": group,
            "aspects": None if aspects is None else list(aspects),
@@ -83,6 +84,8 @@ def make_context(protocol: str, prompt: dict, candidates: Sequence[dict] = (), *
            "item_ids": None if item_ids is None else list(item_ids), "extraction": extraction, "answers": answers}
     if claim is not None:  # only claim checks carry these, so every other request's draws stay as they were
         ctx |= {"claim": claim, "against": against}
+    if text is not None:
+        ctx["text"] = text
     return ctx
 
 
@@ -204,6 +207,8 @@ class OracleTeacher:
                 ctx.get("order"), ctx.get("group"), ctx.get("aspects"), ctx.get("item_ids")]
         if "claim" in ctx:
             item += [ctx["claim"], ctx["against"]]
+        if "text" in ctx:
+            item.append(ctx["text"])
         h = _sha(self.cfg.seed, int(seed), item, int(ctx.get("sample_k") or 0))
         return np.random.default_rng(int.from_bytes(h[:8], "big"))
 
@@ -276,6 +281,11 @@ class OracleTeacher:
         if kind == "verdict_flip":  # a misread text: the claim's verdict itself is wrong, stated <-> not stated
             analysis, rating = misread(claim, rating)
         return pt.format(pt.PointwiseJudgment(analysis, rating))
+
+    def _claims_split(self, ctx: Mapping, kind: str | None, rng: np.random.Generator) -> str:
+        """The claims of a text (RLAIF-V's divide step), as the world's parser reads them: no error kind, since the
+        world's split is exact and the checks carry the teacher's noise."""
+        return cs.format(claim_texts(str(ctx.get("text") or "")))
 
     # ---- aspects
     def _aspects(self, ctx: Mapping, kind: str | None, rng: np.random.Generator) -> str:
