@@ -63,8 +63,9 @@ class MetaEvalCore:
     def __call__(self, gold_rows: list[dict]) -> CoreOutput:
         jobs: list[tuple[dict, str | claims.ClaimCheck | None, TextRequest]] = []
         out = CoreOutput()
-        to_check = [g for g in gold_rows if self._checks_claims(g)]
-        splits = self._splits(to_check, out) if self.splitter == "judge" else {}
+        to_check = [g for g in gold_rows if self._checks_claims(g)]  # gold id -> how its texts split into claims
+        splits = (self._splits(to_check, out) if self.splitter == "judge"
+                  else {g["judgment_id"]: claim_texts for g in to_check})
         for g in gold_rows:
             prompt = self.prompts[g["prompt_id"]]
             cands = [self.candidates[c] for c in g["candidate_ids"]]
@@ -78,9 +79,8 @@ class MetaEvalCore:
                     shown = cands if order == "AB" else cands[::-1]
                     req.context = make_context("pairwise", prompt, shown, aspect=g["aspect"], order=order)
                     jobs.append((g, order, req))
-            if g["judgment_id"] in splits or (self.splitter == "world" and self._checks_claims(g)):
-                split = splits.get(g["judgment_id"], claim_texts)
-                for check in claims.checks(prompt, cands[0], split, style=self.style):
+            if g["judgment_id"] in splits:
+                for check in claims.checks(prompt, cands[0], splits[g["judgment_id"]], style=self.style):
                     check.request.context = make_context("claims", prompt, cands, claim=check.claim,
                                                          against=check.against)
                     jobs.append((g, check, check.request))
@@ -115,39 +115,41 @@ class MetaEvalCore:
                 and not _perturbed(prompt, self.candidates[g["candidate_ids"][0]]))
 
     def _splits(self, items: list[dict], out: CoreOutput) -> dict[str, Callable[[str], list[str]]]:
-        """judgments.claim_splitter judge: the judge splits each item's response and reference first (one batch).
-        Gold id -> its split; an item whose split did not parse gets a claims row with the parse error instead
-        (its candidate's claims fail, as in the judgments stage), one the engine failed on is quarantined."""
-        asked: list[tuple[dict, str, TextRequest]] = []
+        """judgments.claim_splitter judge: the judge lists the claims of each prompt's reference and each response
+        first (one batch, each distinct text of a prompt once). Gold id -> its split; an item whose list did not
+        parse gets a claims row with the parse error instead (its candidate's claims fail, as in the judgments
+        stage), one the engine failed on is quarantined."""
+        sides_of = {}
+        asked: dict[tuple[str, str], TextRequest] = {}
         for g in items:
             prompt, cand = self.prompts[g["prompt_id"]], self.candidates[g["candidate_ids"][0]]
-            for side, text in ((claims.PRECISION, cand.get("output_text")), (claims.RECALL,
-                                                                               prompt.get("reference_text"))):
-                if text:
+            sides_of[g["judgment_id"]] = [(side, t) for side, t in ((claims.RECALL, prompt.get("reference_text")),
+                                                                    (claims.PRECISION, cand.get("output_text"))) if t]
+            for _, text in sides_of[g["judgment_id"]]:
+                if (g["prompt_id"], text) not in asked:
                     req = claim_split.build(text, style=self.style)
-                    req.context = make_context("claims", prompt, [cand], step="split", text=text)
-                    asked.append((g, side, req))
-        results = self.engine.generate([r for _, _, r in asked])
-        got: dict[str, dict[str, list[str]]] = defaultdict(dict)
-        failed: set[str] = set()
-        for (g, side, req), res in zip(asked, results, strict=True):
-            gid = g["judgment_id"]
-            if gid in failed:
-                continue
-            parsed = claim_split.parse(res.text) if res.ok else None
-            if isinstance(parsed, list):
-                got[gid][req.context["text"]] = parsed
-                continue
-            failed.add(gid)
-            if not res.ok:
+                    req.context = make_context("claims", prompt, step="split", text=text)
+                    asked[(g["prompt_id"], text)] = req
+        results = dict(zip(asked, self.engine.generate(list(asked.values()))))
+        splits = {}
+        for g in items:
+            got = {t: results[(g["prompt_id"], t)] for _, t in sides_of[g["judgment_id"]]}
+            parsed = {t: claim_split.parse(r.text) for t, r in got.items() if r.ok}
+            failed = next((side for side, t in sides_of[g["judgment_id"]] if t not in parsed), None)
+            unparsed = next(((side, t) for side, t in sides_of[g["judgment_id"]]
+                             if isinstance(parsed.get(t), ParseError)), None)
+            if failed:
+                error = next(r.error for r in got.values() if not r.ok)
                 out.quarantined.append({"kind": "judgment", "index": 0, "field": "raw_output",
-                                        "reason": f"judge: splitting claims: {res.error}",
-                                        "raw": {"gold": gid, "order": None}})
+                                        "reason": f"judge: splitting the {failed}'s claims: {error}",
+                                        "raw": {"gold": g["judgment_id"], "order": None}})
+            elif unparsed:
+                raw = claim_split.raw_output(unparsed[0], got[unparsed[1]].text)
+                err = ParseError(raw, f"split: {parsed[unparsed[1]].reason}")
+                out.rows.append(self._row(g, claims.NAME, None, raw, error_fields(err)))
             else:
-                raw = claim_split.raw_output(side, res.text)
-                out.rows.append(self._row(g, claims.NAME, None, raw,
-                                          error_fields(ParseError(raw, f"split: {parsed.reason}"))))
-        return {gid: (lambda text, m=m: m.get(text, [])) for gid, m in got.items() if gid not in failed}
+                splits[g["judgment_id"]] = lambda t, m=parsed: m.get(t, [])
+        return splits
 
 
 def _by_id(uris: str | list[str], kind: str) -> dict[str, dict]:

@@ -200,8 +200,11 @@ class JudgmentsCore:
         if proto == "decomposed":
             return [self._decomposed(i, p, cands, k, out)]
         if proto == "claims":
-            return [self._claims(i, p, c, k, out) for c in cands] if p.get("subtask") in self.jcfg.claim_subtasks \
-                else []
+            if p.get("subtask") not in self.jcfg.claim_subtasks:
+                return []
+            if self.jcfg.claim_splitter == "judge":
+                return [self._claims_split_first(i, p, cands, k, out)]
+            return [self._claims(i, p, c, k, out) for c in cands]
         raise ValueError(f"unknown protocol {proto!r}")
 
     # ---- rows and rejects
@@ -338,57 +341,74 @@ class JudgmentsCore:
 
     # ---- claim checks (RLAIF-V)
     def _claims(self, i, p, c, k, out) -> Item:
-        split = claim_texts
-        if self.jcfg.claim_splitter == "judge":
-            split, rows = yield from self._split(i, p, c, k, out)
-            if split is None:
-                return rows
+        """One candidate's claims, split by the world's parser, each checked in its own request."""
+        checks = self._claim_checks(i, p, c, k, out, claim_texts)
+        if not checks:
+            return []
+        results = yield [ch.request for ch in checks]
+        return self._claim_rows(i, p, c, k, out, checks, results)
+
+    def _claims_split_first(self, i, p, cands, k, out) -> Item:
+        """judgments.claim_splitter judge: the engine lists the claims of the prompt's reference (once per sample
+        k, so every candidate is checked against the same list) and of each response first (RLAIF-V's divide
+        step), then every candidate's claims are checked as with the world's split. A list that does not parse
+        fails its candidates' claims as one parse-failure row each; an engine error quarantines them."""
+        reference = p.get("reference_text")
+        if not reference:  # nothing to check against: the other protocols judge these candidates
+            return []
+        texts = list(dict.fromkeys([reference, *(t for c in cands if (t := base.output_of(c)[0]))]))
+        results = yield [self._with(cs.build(t, style=self.style), protocol="claims", step="split", prompt=p,
+                                    sample_k=k, text=t) for t in texts]
+        split_of = dict(zip(texts, results))
+        parsed = {t: cs.parse(r.text) for t, r in split_of.items() if r.ok}
+        rows, jobs = [], []
+        for c in cands:
+            sides = [(side, t) for side, t in ((cl.RECALL, reference), (cl.PRECISION, base.output_of(c)[0])) if t]
+            failed = next(((side, t) for side, t in sides if t not in parsed), None)
+            if failed:
+                self._reject(out, i, p, [c], "claims", k, f"engine error splitting the {failed[0]}'s claims: "
+                             f"{split_of[failed[1]].error}")
+                continue
+            unparsed = next(((side, t) for side, t in sides if isinstance(parsed[t], ParseError)), None)
+            if unparsed:
+                raw = cs.raw_output(unparsed[0], split_of[unparsed[1]].text)
+                err = ParseError(raw, f"split: {parsed[unparsed[1]].reason}")
+                rows.append(self._row(p, [c], "claims", k, raw, error_fields(err)))
+                continue
+            checks = self._claim_checks(i, p, c, k, out, lambda t: parsed.get(t, []))
+            jobs += [(c, checks)] if checks else []
+        results = yield [ch.request for _, checks in jobs for ch in checks]
+        at = 0
+        for c, checks in jobs:
+            rows += self._claim_rows(i, p, c, k, out, checks, results[at:at + len(checks)])
+            at += len(checks)
+        return rows
+
+    def _claim_checks(self, i, p, c, k, out, split) -> list[cl.ClaimCheck]:
+        """A candidate's claim checks, their requests carrying the oracle's context; [] when there is nothing to
+        check (said so in a quarantine when both texts exist yet the split found no claim)."""
         try:
             checks = cl.checks(p, c, split, style=self.style)
-            reqs = [self._with(ch.request, protocol="claims", prompt=p, candidates=[c], sample_k=k, claim=ch.claim,
-                               against=ch.against) for ch in checks]
+            for ch in checks:
+                self._with(ch.request, protocol="claims", prompt=p, candidates=[c], sample_k=k, claim=ch.claim,
+                           against=ch.against)
         except (ValueError, TypeError) as e:
             self._reject(out, i, p, [c], "claims", k, f"cannot build the requests: {e}")
             return []
-        if not checks:  # no reference or no text to check: the other protocols judge it
-            if p.get("reference_text") and c.get("output_text"):  # both texts, yet not one claim: say so
-                why = ("the shapes world's parser, which reads only that world's text" if split is claim_texts
-                       else "the engine's split: both answered 'Claims: none'")
-                self._reject(out, i, p, [c], "claims", k, "the claim splitter found no claim in the response or "
-                             f"the reference: nothing checked ({why})")
-            return []
-        results = yield reqs
+        if not checks and p.get("reference_text") and c.get("output_text"):  # both texts, yet not one claim
+            why = ("the shapes world's parser, which reads only that world's text" if split is claim_texts
+                   else "the engine listed none in either")
+            self._reject(out, i, p, [c], "claims", k, "the claim splitter found no claim in the response or the "
+                         f"reference: nothing checked ({why})")
+        return checks
+
+    def _claim_rows(self, i, p, c, k, out, checks, results) -> list[dict]:
         failed = [r.error for r in results if not r.ok]
         if failed:
             self._reject(out, i, p, [c], "claims", k, f"engine error: {failed[0]}")
             return []
         return [self._row(p, [c], "claims", k, cl.raw_output(ch, r.text), cl.fields(ch, r, self.readout))
                 for ch, r in zip(checks, results)]
-
-    def _split(self, i, p, c, k, out):
-        """RLAIF-V's divide step by the judging engine: the response's and the reference's claims, one request
-        each. (text -> claims, []) when both parse; (None, [a parse-failure row]) when one does not, so the
-        candidate's claims fail as unparsed; (None, []) when the engine failed (quarantined)."""
-        sides = ((cl.PRECISION, base.output_of(c)[0]), (cl.RECALL, p.get("reference_text")))
-        texts = {side: t for side, t in sides if t}
-        if len(texts) < 2:  # nothing to check against: checks() finds no claim to check either
-            return (lambda _: []), []
-        reqs = [self._with(cs.build(t, style=self.style, rid=c.get("candidate_id")), protocol="claims",
-                           step="split", prompt=p, candidates=[c], sample_k=k, text=t) for t in texts.values()]
-        results = yield reqs
-        bad = next((r.error for r in results if not r.ok), None)
-        if bad is not None:
-            self._reject(out, i, p, [c], "claims", k, f"engine error splitting claims: {bad}")
-            return None, []
-        claims: dict[str, list[str]] = {}
-        for (side, text), r in zip(texts.items(), results):
-            got = cs.parse(r.text)
-            if isinstance(got, ParseError):
-                raw = cs.raw_output(side, r.text)
-                err = error_fields(ParseError(raw, f"split: {got.reason}"))
-                return None, [self._row(p, [c], "claims", k, raw, err)]
-            claims[text] = got
-        return claims.__getitem__, []
 
     # ---- decomposed T2I
     def _decomposed(self, i, p, cands, k, out) -> Item:

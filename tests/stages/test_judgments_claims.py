@@ -136,16 +136,17 @@ class SplitsBadly(OracleTextEngine):
     """Stands in for a judge that cannot split a text into claims (a small model; the real tiny judge is meta-eval's
     case, tests/evaluate/test_meta.py): the oracle's answers, but prose where a claim list is asked for."""
 
+    answer = TextResult(text="A red circle, I think.")
+
     def generate(self, requests, seed=0):
         got = super().generate(requests, seed)
-        return [TextResult(text="A red circle, I think.") if (r.context or {}).get("step") == "split" else g
-                for r, g in zip(requests, got)]
+        return [self.answer if (r.context or {}).get("step") == "split" else g for r, g in zip(requests, got)]
 
 
 def test_the_engine_splitting_claims_checks_the_claims_the_world_parser_finds(setup):
     # judgments.claim_splitter judge: the teacher lists the claims first (RLAIF-V's divide step); the oracle's list
-    # is the world's parse, so every claim row is the one the world splitter makes, and two split requests per
-    # candidate and sample come first
+    # is the world's parse, so every claim row is the one the world splitter makes. Per prompt and sample, one
+    # split of the reference (every candidate is checked against the same list) and one of each distinct response
     c, prompts, cands, out = setup
     cj = c.model_copy(update={"judgments": c.judgments.model_copy(update={"claim_splitter": "judge"})})
     engine = RecordingEngine(OracleTextEngine(c.teacher.model_copy(update={"error_rate": 0.0}), c.world.shapes))
@@ -153,9 +154,10 @@ def test_the_engine_splitting_claims_checks_the_claims_the_world_parser_finds(se
     assert not by_engine.quarantined
     assert sorted(make_id("judgment", r) for r in by_engine.rows) == sorted(make_id("judgment", r) for r in out.rows)
     steps = Counter((r.context or {}).get("step") for r in engine.requests)
-    described = [x for x in cands if next(p for p in prompts if p["prompt_id"] == x["prompt_id"])["subtask"]
-                 in c.judgments.claim_subtasks]
-    assert steps["split"] == 2 * len(described) * c.judgments.samples_per_item
+    texts = [{p["reference_text"]} | {x["output_text"] for x in cands if x["prompt_id"] == p["prompt_id"]}
+             for p in prompts if p["subtask"] in c.judgments.claim_subtasks]
+    assert steps["split"] == sum(map(len, texts)) * c.judgments.samples_per_item
+    assert sum(map(len, texts)) < 2 * 3 * len(texts)  # fewer than a response and a reference per candidate
     assert steps[None] == len(out.rows)
 
 
@@ -165,7 +167,17 @@ def test_a_split_that_does_not_parse_fails_its_candidates_claims_as_unparsed(set
     out = JudgmentsCore(cj, cands, engine=SplitsBadly(c.teacher, c.world.shapes))(prompts)
     assert not out.quarantined and out.rows
     assert all(r["parse_error"] == 'split: no "Claims:" line' and r["score"] is None for r in out.rows)
-    assert all(r["raw_output"] == "claim split: response\nA red circle, I think." for r in out.rows)
+    assert all(r["raw_output"] == "claim split: reference\nA red circle, I think." for r in out.rows)
     assert set(claims.candidate_scores(out.rows).values()) == {None}  # never a guessed score
     assert len(out.rows) == len({(r["candidate_ids"][0], r["sample_k"]) for r in out.rows})  # one per sample
     assert curate_judge_data(out.rows, prompts, cands, style=c.judge.prompt_style).sft == []  # nothing taught
+
+
+def test_a_split_the_engine_fails_on_quarantines_the_candidates_it_fails(setup):
+    c, prompts, cands, _ = setup
+    cj = c.model_copy(update={"judgments": c.judgments.model_copy(update={"claim_splitter": "judge"})})
+    engine = SplitsBadly(c.teacher, c.world.shapes)
+    engine.answer = TextResult(error="timeout")
+    out = JudgmentsCore(cj, cands, engine=engine)(prompts)
+    assert not out.rows and out.quarantined
+    assert all(q["reason"].endswith("engine error splitting the reference's claims: timeout") for q in out.quarantined)

@@ -192,8 +192,8 @@ class OracleTeacher:
         if not isinstance(context.get("prompt"), Mapping):
             raise TeacherError("context has no prompt record")
         load_meta(dict(context["prompt"]))  # NoGroundTruth (a ValueError) when the prompt has no ground truth
-        need = {"pairwise": 2}.get(proto, 0 if (proto, step) in (("rubric", "generate"),
-                                                                   ("decomposed", "extraction")) else 1)
+        need = {"pairwise": 2}.get(proto, 0 if (proto, step) in (("rubric", "generate"), ("decomposed", "extraction"),
+                                                                   ("claims", "split")) else 1)
         cands = context.get("candidates") or []
         if len(cands) != need:
             raise TeacherError(f"{proto}{'/' + step if step else ''} needs {need} candidate(s) in context, "
