@@ -402,6 +402,7 @@ def test_gold_claim_checks_need_the_world_splitter_they_are_keyed_by():
         load_config(None, ["world.gold.protocols.iu=[pointwise, claims]", "judgments.claim_splitter=judge"])
 
 
+@pytest.mark.slow  # 30-33 s (a gold set of its own, three meta-evals), for a protocol not on by default
 def test_gold_claim_checks_score_the_judges_claims_one_by_one(gold_uri):
     """world.gold.protocols with claims: the oracle's verdict on each claim is gold, and meta-eval scores the
     judge's check of the same claim against it (`<slice>/claims/...`); a check that did not parse fails."""
