@@ -22,7 +22,8 @@ from flywheel.strict_model import StrictModel
 from flywheel.train.config import TrainConfig
 from flywheel.worlds.shapes.policy_config import BasePoliciesConfig
 from flywheel.worlds.shapes.config import ShapesWorldConfig
-from flywheel.worlds.shapes.oracle_config import GoldConfig, TeacherConfig, check_protocols
+from flywheel.worlds.shapes.oracle_config import GoldConfig, check_protocols
+from flywheel.worlds.shapes.oracle_config import TeacherConfig as OracleTeacherConfig
 from flywheel.worlds.shapes.suites import SplitConfig, SuitesConfig
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -173,6 +174,17 @@ class HttpEngineConfig(StrictModel):
 
 
 TextEngineName = Literal["hf", "vllm", "http", "oracle"]
+
+
+class TeacherConfig(OracleTeacherConfig):
+    """The teacher that labels judge training data: the oracle world's noisy teacher (the embedded default; its
+    error fields), or a model behind an OpenAI-compatible endpoint (`engine: http`), as GPT-4o labelled Minos'
+    and RLAIF-V's data. Requests are rendered in judge.prompt_style (minos spells the task out for a real model)."""
+
+    http: HttpEngineConfig = Field(HttpEngineConfig(), description="Used when engine is http: the endpoint, "
+                                   "its model name and the NAME of the variable holding its key.")
+    generation: GenerationConfig = Field(GenerationConfig(), description="Decoding of the teacher's answers when "
+                                         "engine is http (set max_new_tokens for its analyses: 1024 in the README).")
 
 
 class JudgeConfig(StrictModel):

@@ -42,3 +42,21 @@ def test_relative_links_in_the_docs_point_at_real_files():
             assert (page.parent / target).exists(), f"{page.name} links to {target}, which does not exist"
             checked += 1
     assert checked >= 3  # the README links the results page and both MLflow screenshots
+
+
+def test_the_readmes_config_snippets_load_over_the_default(tmp_path):
+    """Every ```yaml block of the README is a config a user can paste: over configs/local.yaml it validates."""
+    import yaml
+
+    from flywheel.config import load_config
+
+    blocks = re.findall(r"```yaml\n(.*?)```", (REPO_ROOT / "README.md").read_text(), re.S)
+    assert blocks
+    for i, block in enumerate(blocks):
+        base = yaml.safe_load((REPO_ROOT / "configs" / "local.yaml").read_text())
+        for key, value in yaml.safe_load(block).items():
+            base[key] = {**base.get(key, {}), **value} if isinstance(value, dict) else value
+        path = tmp_path / f"snippet{i}.yaml"
+        path.write_text(yaml.safe_dump(base))
+        cfg = load_config(str(path), [f"run.workdir={tmp_path}"])
+        assert cfg.model_dump(mode="json")  # validated as a whole

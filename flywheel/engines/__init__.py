@@ -24,14 +24,14 @@ def make_text_engine(cfg: Config, role: str) -> TextEngine:
         from flywheel.engines.oracle import OracleTextEngine
 
         return OracleTextEngine(cfg.teacher, cfg.world.shapes)
-    if role == "teacher":
-        raise NotImplementedError(f"teacher.engine={section.engine}: only 'oracle' is implemented")
-    from flywheel.models.zoo import resolve_model_path
-
     if section.engine == "http":  # an OpenAI-compatible endpoint (GPT-4o, a vLLM server, `flywheel serve`)
         from flywheel.engines.http import HTTPTextEngine
 
         return HTTPTextEngine(section.http, section.generation)
+    if role == "teacher":  # a teacher has no checkpoint of its own in models: a served one is reached by http
+        raise NotImplementedError(f"teacher.engine={section.engine}: use oracle, or http for a served model")
+    from flywheel.models.zoo import resolve_model_path
+
     ref = getattr(cfg.models, role)
     if section.engine == "vllm":  # needs the vllm package (GPU install, or .venv-vllm on CPU)
         from flywheel.engines.vllm import VLLMTextEngine

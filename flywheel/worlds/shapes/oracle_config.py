@@ -15,13 +15,16 @@ TASK_NAMES: tuple[str, ...] = ("nlg", "iu", "ig", "itig")
 
 
 class TeacherConfig(BaseModel):
-    """The teacher that labels judge training data: here the oracle world's noisy teacher, an imperfect GPT-4o
-    or human annotator. With error_rate 0 it is the gold."""
+    """The oracle world's noisy teacher, an imperfect GPT-4o or human annotator. With error_rate 0 it is the gold.
+    These fields, and only these, name its version (flywheel/worlds/shapes/teacher.py); the flywheel's `teacher`
+    section (flywheel/config.py) adds the choice of another backend."""
 
     model_config = ConfigDict(extra="forbid")
-    engine: Literal["oracle"] = Field(
+    engine: Literal["oracle", "http"] = Field(
         "oracle", description="Backend of the teacher. oracle: answers every judge protocol from the shapes "
-        "world's checkers (flywheel/worlds/shapes/teacher.py); an HTTP teacher (GPT-4o) would be another value.")
+        "world's checkers (flywheel/worlds/shapes/teacher.py), with the error fields below; http: a model behind "
+        "an OpenAI-compatible endpoint (`teacher.http`: GPT-4o, a vLLM server), whose answers are parsed as the "
+        "judge's are (the error fields do not apply).")
     error_rate: float = Field(
         0.1, ge=0.0, le=1.0,
         description="Probability that one answer (one request, one sample k) carries an error, for requests where "

@@ -151,7 +151,9 @@ class OracleTeacher:
         self.world = world or ShapesWorldConfig()
         self._cache: OrderedDict[tuple[str, str], Assessment] = OrderedDict()
         self._cache_size = cache_size
-        digest = hashlib.sha256(json.dumps([TEACHER_VERSION, self.cfg.model_dump(mode="json"),
+        # the oracle's own fields only: the flywheel's teacher section adds other backends' settings (its http)
+        mine = self.cfg.model_dump(mode="json", include=set(TeacherConfig.model_fields))
+        digest = hashlib.sha256(json.dumps([TEACHER_VERSION, mine,
                                             self.world.model_dump(mode="json")], sort_keys=True).encode())
         self.version = f"v{TEACHER_VERSION}-e{self.cfg.error_rate:g}-{digest.hexdigest()[:8]}"
 

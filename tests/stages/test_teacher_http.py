@@ -1,0 +1,113 @@
+"""A teacher behind an OpenAI-compatible endpoint (`teacher.engine: http`: GPT-4o, a vLLM server): the judgments
+stage labels through it as through the oracle, every answer parsed strictly and each row named by the endpoint.
+No remote API is reachable from these machines, so a local aiohttp server stands in for one: it answers every
+request with the same text, a judgment or prose."""
+
+import asyncio
+import socket
+import threading
+
+import pytest
+
+from flywheel.aspects import AspectTree
+from flywheel.config import JudgmentsConfig, load_config
+from flywheel.engines import make_text_engine
+from flywheel.engines.http import HTTPTextEngine
+from flywheel.engines.oracle import OracleTextEngine
+from flywheel.records import with_ids
+from flywheel.stages.judgments import JudgmentsCore
+from flywheel.worlds.shapes.gold import gold_candidates
+from flywheel.worlds.shapes.oracle_config import TeacherConfig as OracleTeacherConfig
+from flywheel.worlds.shapes.suites import SuitesConfig, generate
+
+
+class Endpoint:
+    """/v1/chat/completions answering `answer` to every request, recording the bodies."""
+
+    def __init__(self, answer: str):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.answer, self.bodies = answer, []
+        self._loop, self._ready = asyncio.new_event_loop(), threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    async def _handle(self, request):
+        from aiohttp import web
+
+        body = await request.json()
+        self.bodies.append(body)
+        return web.json_response({"id": "x", "object": "chat.completion", "model": body["model"],
+                                  "choices": [{"index": 0, "message": {"role": "assistant", "content": self.answer},
+                                               "finish_reason": "stop"}],
+                                  "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}})
+
+    def _run(self):
+        from aiohttp import web
+
+        asyncio.set_event_loop(self._loop)
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", self._handle)
+        self._runner = web.AppRunner(app)
+        self._loop.run_until_complete(self._runner.setup())
+        self._loop.run_until_complete(web.TCPSite(self._runner, "127.0.0.1", self.port).start())
+        self._ready.set()
+        self._loop.run_forever()
+
+    def __enter__(self):
+        self._thread.start()
+        assert self._ready.wait(10)
+        return self
+
+    def __exit__(self, *exc):
+        asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+
+
+def _labelled(tmp_path, answer: str):
+    with Endpoint(answer) as api:
+        cfg = load_config(None, [f"run.workdir={tmp_path}", "teacher.engine=http", "judge.prompt_style=minos",
+                                 f"teacher.http.base_url=http://127.0.0.1:{api.port}/v1", "teacher.http.model=gpt-x",
+                                 "teacher.generation.max_new_tokens=512"])
+        cfg.judgments = JudgmentsConfig(protocols={"iu": ["pointwise"]}, samples_per_item=1)
+        suites = SuitesConfig(prompts_per_subtask=2, subtasks=["iu_color"],
+                              split={"ood_subtasks": [], "ood_aspects": []})
+        prompts = with_ids("prompt", generate(suites, cfg.world.shapes, AspectTree.load(), seed=3))
+        cands = with_ids("candidate", [c for p in prompts
+                                       for c in gold_candidates(p, cfg.world.gold, cfg.world.shapes, seed=3)[:2]])
+        out = JudgmentsCore(cfg, cands, role="teacher")(prompts)
+    return cfg, cands, out, api
+
+
+def test_an_http_teacher_labels_every_item_and_names_the_endpoint(tmp_path):
+    cfg, cands, out, api = _labelled(tmp_path, "Analysis: The answer names the right colour.\nRating: 4")
+    assert isinstance(make_text_engine(cfg, "teacher"), HTTPTextEngine)
+    assert not out.quarantined and len(out.rows) == len(cands)
+    assert all(r["score"] == 4 and r["parse_error"] is None for r in out.rows)
+    assert {r["judge"] for r in out.rows} == {f"http:http://127.0.0.1:{api.port}/v1#gpt-x@gpt-x"}
+    # the teacher is asked what the judge will be taught: the minos request, with the teacher's own decoding
+    assert len(api.bodies) == len(cands) and all(b["model"] == "gpt-x" and b["max_tokens"] == 512
+                                                 for b in api.bodies)
+    text = "".join(p.get("text", "") for p in api.bodies[0]["messages"][-1]["content"])
+    assert text.startswith("Please act as an impartial and helpful evaluator")
+
+
+def test_an_answer_that_does_not_parse_is_a_parse_failure_never_a_score(tmp_path):
+    _, cands, out, _ = _labelled(tmp_path, "I think this answer is quite good.")
+    assert len(out.rows) == len(cands)
+    assert all(r["score"] is None and r["parse_error"] for r in out.rows)
+
+
+def test_the_oracles_version_is_its_own_fields_not_the_http_settings_beside_them(tmp_path):
+    # judgment ids carry the teacher's version: settings of another backend must not rename the oracle's labels
+    a = load_config(None, [f"run.workdir={tmp_path}"]).teacher
+    b = load_config(None, [f"run.workdir={tmp_path}", "teacher.http.model=gpt-x"]).teacher
+    bare = OracleTeacherConfig(**{k: getattr(a, k) for k in OracleTeacherConfig.model_fields})
+    assert OracleTextEngine(a).version == OracleTextEngine(b).version == OracleTextEngine(bare).version
+    assert OracleTextEngine(a).version != OracleTextEngine(a.model_copy(update={"error_rate": 0.2})).version
+
+
+def test_a_teacher_engine_without_a_served_model_is_refused_by_name(tmp_path):
+    with pytest.raises(ValueError, match="teacher.engine"):
+        load_config(None, [f"run.workdir={tmp_path}", "teacher.engine=hf"])
