@@ -9,12 +9,11 @@ import asyncio
 import base64
 import io
 import json
-import socket
-import threading
 import time
 from collections import Counter
 
 import pytest
+from chat_server import ChatServer, completion, free_port
 from PIL import Image
 
 from flywheel.config import GenerationConfig, HttpEngineConfig, load_config
@@ -32,13 +31,7 @@ LOGPROBS = {"content": [
 ]}
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class FlakyServer:
+class FlakyServer(ChatServer):
     """An OpenAI-style /v1/chat/completions whose behaviour is chosen by the user message's text:
     'fail-<status>-<n>': the first n attempts answer <status>, then 200;  'always-<status>': never 200;
     'slow-<n>': the first n attempts take 1 s (longer than the tests' timeout);  'sleep': 0.1 s, then 200;
@@ -48,17 +41,14 @@ class FlakyServer:
     concurrency, auth headers, request bodies and image parts."""
 
     def __init__(self):
-        self.port = free_port()
+        super().__init__()
         self.attempts: Counter[str] = Counter()
         self.auth: list[str | None] = []
         self.images: list[bytes] = []
         self.bodies: list[dict] = []
         self.in_flight = self.peak = 0
-        self._loop = asyncio.new_event_loop()
-        self._ready = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
 
-    async def _handle(self, request):
+    async def handle(self, request):
         from aiohttp import web
 
         body = await request.json()
@@ -92,35 +82,9 @@ class FlakyServer:
                 await asyncio.sleep(0.1)
             logprobs = LOGPROBS if body.get("logprobs") and text != "nologprobs" else None
             named = {} if kind != "imposter" else {"model_version": "other" if n <= int(arg) else "ours"}
-            return web.json_response({**named,
-                "id": "x", "object": "chat.completion", "model": body["model"],
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": f"echo {text}"},
-                             "finish_reason": "stop", "logprobs": logprobs}],
-                "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}})
+            return web.json_response(completion(body["model"], f"echo {text}", logprobs, **named))
         finally:
             self.in_flight -= 1
-
-    def _run(self):
-        from aiohttp import web
-
-        asyncio.set_event_loop(self._loop)
-        app = web.Application()
-        app.router.add_post("/v1/chat/completions", self._handle)
-        self._runner = web.AppRunner(app)
-        self._loop.run_until_complete(self._runner.setup())
-        self._loop.run_until_complete(web.TCPSite(self._runner, "127.0.0.1", self.port).start())
-        self._ready.set()
-        self._loop.run_forever()
-
-    def __enter__(self):
-        self._thread.start()
-        assert self._ready.wait(10)
-        return self
-
-    def __exit__(self, *exc):
-        asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(10)
 
 
 @pytest.fixture

@@ -3,11 +3,8 @@ stage labels through it as through the oracle, every answer parsed strictly and 
 No remote API is reachable from these machines, so a local aiohttp server stands in for one: it answers every
 request with the same text, a judgment or prose."""
 
-import asyncio
-import socket
-import threading
-
 import pytest
+from chat_server import ChatServer, completion
 
 from flywheel.aspects import AspectTree
 from flywheel.config import JudgmentsConfig, load_config
@@ -21,48 +18,19 @@ from flywheel.worlds.shapes.oracle_config import TeacherConfig as OracleTeacherC
 from flywheel.worlds.shapes.suites import SuitesConfig, generate
 
 
-class Endpoint:
-    """/v1/chat/completions answering `answer` to every request, recording the bodies."""
+class Endpoint(ChatServer):
+    """Answers `answer` to every request, recording the bodies."""
 
     def __init__(self, answer: str):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
+        super().__init__()
         self.answer, self.bodies = answer, []
-        self._loop, self._ready = asyncio.new_event_loop(), threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
 
-    async def _handle(self, request):
+    async def handle(self, request):
         from aiohttp import web
 
         body = await request.json()
         self.bodies.append(body)
-        return web.json_response({"id": "x", "object": "chat.completion", "model": body["model"],
-                                  "choices": [{"index": 0, "message": {"role": "assistant", "content": self.answer},
-                                               "finish_reason": "stop"}],
-                                  "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}})
-
-    def _run(self):
-        from aiohttp import web
-
-        asyncio.set_event_loop(self._loop)
-        app = web.Application()
-        app.router.add_post("/v1/chat/completions", self._handle)
-        self._runner = web.AppRunner(app)
-        self._loop.run_until_complete(self._runner.setup())
-        self._loop.run_until_complete(web.TCPSite(self._runner, "127.0.0.1", self.port).start())
-        self._ready.set()
-        self._loop.run_forever()
-
-    def __enter__(self):
-        self._thread.start()
-        assert self._ready.wait(10)
-        return self
-
-    def __exit__(self, *exc):
-        asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(10)
+        return web.json_response(completion(body["model"], self.answer))
 
 
 def _labelled(tmp_path, answer: str):
