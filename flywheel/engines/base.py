@@ -83,6 +83,11 @@ class TextEngine(ABC):
     @abstractmethod
     def generate(self, requests: Sequence[TextRequest], seed: int = 0) -> list[TextResult]: ...
 
+    def counters(self) -> dict[str, float]:
+        """Cumulative counters of this engine's work that add up across calls and processes (an HTTP engine's
+        requests, tokens and estimated cost): a stage logs their growth over its batches. None here."""
+        return {}
+
     def close(self) -> None:
         """Release the model (GPU memory, worker processes)."""
 

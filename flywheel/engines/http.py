@@ -279,6 +279,9 @@ class HTTPTextEngine(TextEngine):
                         type(e).__name__, e)
             return None
 
+    def counters(self) -> dict[str, float]:
+        return {f"http.{k}": v for k, v in self.usage.metrics().items()}
+
     def _log_usage(self) -> None:
         """Cumulative counters to the active MLflow run (step = generate calls so far); silent without one."""
         try:

@@ -138,6 +138,7 @@ class JudgmentsCore:
     # ---- driving
     def __call__(self, prompts: list[dict]) -> CoreOutput:
         out = CoreOutput()
+        before = self.engine.counters()
         items: list[Item] = []
         for i, p in enumerate(prompts):
             cands = self.by_prompt.get(p["prompt_id"], [])
@@ -158,6 +159,7 @@ class JudgmentsCore:
                 continue
             seen.add(rid)
             out.rows.append(r)
+        out.counters = {k: v - before.get(k, 0.0) for k, v in self.engine.counters().items()}
         return out
 
     def _drive(self, items: list[Item]) -> list[dict]:

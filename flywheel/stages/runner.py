@@ -23,6 +23,7 @@ import json
 import logging
 import os
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,6 +43,9 @@ log = logging.getLogger(__name__)
 class CoreOutput:
     rows: list[dict] = field(default_factory=list)
     quarantined: list[dict] = field(default_factory=list)  # {kind, index, reason, field, raw}
+    # Counters of this batch's work that add up over the stage (e.g. an HTTP engine's tokens and cost): summed
+    # over every batch and actor, logged to the stage's run and kept on its StageResult. Never in the records.
+    counters: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -53,6 +57,7 @@ class StageResult:
     # Where the batches ran (a side channel, never in the records): node id -> {batches, rows_in, actors: [
     # "<actor id>/<pid>"]}. An actor id with two pids is an actor Ray restarted (e.g. after its node was lost).
     placement: dict[str, dict] = field(default_factory=dict)
+    counters: dict[str, float] = field(default_factory=dict)  # CoreOutput.counters summed over the batches
 
     @property
     def actor_restarts(self) -> int:
@@ -86,7 +91,7 @@ class _CoreActor:
 
     def __call__(self, batch: pa.Table) -> dict[str, list]:
         res: dict[str, list] = {k: [] for k in ("batch", "n_in", "part", "rows", "lines", "size", "quarantine",
-                                                "node", "actor")}
+                                                "node", "actor", "counters")}
         for i in batch.column("batch").to_pylist():
             start = i * self.batch_size
             rows = self.reader.read(start, min(start + self.batch_size, self.n_rows)).to_pylist()
@@ -97,7 +102,7 @@ class _CoreActor:
             quarantine = [{**q, "raw": json_safe(q.get("raw"))} for q in [*out.quarantined, *bad]]
             for k, v in (("batch", i), ("n_in", len(rows)), ("part", part["part"]), ("rows", part["rows"]),
                          ("lines", part["lines"]), ("size", part["size"]), ("quarantine", json.dumps(quarantine)),
-                         ("node", self.node), ("actor", self.actor)):
+                         ("node", self.node), ("actor", self.actor), ("counters", json.dumps(out.counters))):
                 res[k].append(v)
         return res
 
@@ -154,7 +159,7 @@ def run_stage(
     t0 = time.perf_counter()
     n_batches = -(-source.row_count // batch_size)
     writer = PartsWriter(output, kind, config_hash=stage_hash, producer=name, upstream=upstream)
-    n_in, placement = 0, {}
+    n_in, placement, counters = 0, {}, Counter()
     try:
         if n_batches:
             ctx = ray.data.DataContext.get_current()
@@ -189,6 +194,7 @@ def run_stage(
                 writer.add_quarantined({**q, "index": n_in + int(q.get("index") or 0), "raw": restore_raw(q["raw"])}
                                        for q in json.loads(part["quarantine"]))
                 n_in += int(part["n_in"])
+                counters.update(json.loads(part["counters"]))
                 p = placement.setdefault(part["node"], {"batches": 0, "rows_in": 0, "actors": []})
                 p["batches"] += 1
                 p["rows_in"] += int(part["n_in"])
@@ -203,7 +209,8 @@ def run_stage(
         writer.abort()
         raise
     seconds = time.perf_counter() - t0
-    result = StageResult(manifest, skipped=False, rows_in=n_in, seconds=seconds, placement=placement)
+    result = StageResult(manifest, skipped=False, rows_in=n_in, seconds=seconds, placement=placement,
+                         counters=dict(counters))
     log.info("stage %s: %d rows in → %d out, %d quarantined, %.1f s → %s; batches per node %s, actor restarts %d",
              name, n_in, manifest.row_count, manifest.quarantined, seconds, output,
              {k[:8]: v["batches"] for k, v in placement.items()}, result.actor_restarts)
@@ -216,6 +223,8 @@ def run_stage(
                             "seconds": seconds, "items_per_s": n_in / seconds if seconds else 0.0,
                             "ray.nodes": len(placement), "ray.actor_restarts": result.actor_restarts})
         mlflow.log_dict(placement, "ray/placement.json")
+        if counters:
+            mlflow.log_metrics(dict(counters))
         tracker.log_manifest(manifest)
         log_samples(_samples(output, manifest), kind, name)
     return result

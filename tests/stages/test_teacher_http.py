@@ -79,3 +79,45 @@ def test_the_oracles_version_is_its_own_fields_not_the_http_settings_beside_them
 def test_a_teacher_engine_without_a_served_model_is_refused_by_name(tmp_path):
     with pytest.raises(ValueError, match="teacher.engine"):
         load_config(None, [f"run.workdir={tmp_path}", "teacher.engine=hf"])
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    import ray
+
+    ray.init(address="local", num_cpus=2, include_dashboard=False)
+    yield
+    ray.shutdown()
+
+
+def test_the_teachers_requests_tokens_and_cost_reach_the_stages_run(ray_local, tmp_path):
+    # the labelling runs in Ray Data actors, which have no MLflow run of their own: each batch's usage comes back
+    # to the stage and is summed there (a paid teacher's bill, per stage)
+    from mlflow import MlflowClient
+
+    from flywheel.datasets import write_dataset
+    from flywheel.stages import judgments
+    from flywheel.track import Tracker
+
+    with Endpoint("Analysis: The answer names the right colour.\nRating: 4") as api:
+        cfg = load_config(None, [f"run.workdir={tmp_path}", "teacher.engine=http",
+                                 f"teacher.http.base_url=http://127.0.0.1:{api.port}/v1", "teacher.http.model=gpt-x",
+                                 "teacher.http.price_per_1m_prompt_tokens=2.5",
+                                 "teacher.http.price_per_1m_completion_tokens=10", "judgments.batch_size=2",
+                                 "judgments.samples_per_item=1", "judgments.protocols={iu: [pointwise]}"])
+        suites = SuitesConfig(prompts_per_subtask=3, subtasks=["iu_color"],
+                              split={"ood_subtasks": [], "ood_aspects": []})
+        prompts = with_ids("prompt", generate(suites, cfg.world.shapes, AspectTree.load(), seed=3))
+        cands = with_ids("candidate", [c for p in prompts
+                                       for c in gold_candidates(p, cfg.world.gold, cfg.world.shapes, seed=3)[:2]])
+        pu = write_dataset(str(tmp_path / "prompts"), "prompt", prompts, config_hash="p", producer="test").path
+        cu = write_dataset(str(tmp_path / "candidates"), "candidate", cands, config_hash="c", producer="test").path
+        tracker = Tracker(cfg)
+        with tracker.iteration(0), tracker.stage("labels") as run:
+            res = judgments.run(cfg, pu, cu, str(tmp_path / "labels"), role="teacher", tracker=tracker)
+    n = len(cands)
+    assert len(api.bodies) == n and res.counters["http.succeeded"] == n  # two batches, summed
+    assert res.counters["http.prompt_tokens"] == 10 * n and res.counters["http.completion_tokens"] == 5 * n
+    metrics = MlflowClient(tracker.uri).get_run(run.info.run_id).data.metrics
+    assert metrics["http.succeeded"] == n
+    assert metrics["http.cost"] == pytest.approx(n * (10 * 2.5 + 5 * 10) / 1e6)
