@@ -553,6 +553,10 @@ class Config(StrictModel):
                        "(world.base_policies.policy_lookup.steps 0): measured, that did no better than dpo at 1e-4 "
                        "and lost colour answers; set policy_lookup.steps (3000 in configs/local.yaml) or "
                        "'train.policy_dpo.methods=[dpo]' train.policy_dpo.lr=1e-4")
+        if self.teacher.engine == "http" and self.judge.prompt_style == "compact":
+            out.append("teacher.engine is http but judge.prompt_style is compact: the teacher model is asked the "
+                       "one-line requests made for the tiny judge, without the task's instructions; set "
+                       "judge.prompt_style=minos for a real model")
         return out
 
     @property

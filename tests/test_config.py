@@ -203,3 +203,10 @@ def test_recipe_warnings_name_an_sft_term_without_the_look_up_base(tmp_path):
         assert load_config(REPO_ROOT / "configs/local.yaml", [f"run.workdir={tmp_path}",
                            "world.base_policies.policy_lookup.steps=0", fix]).recipe_warnings() == []
     assert load_config(REPO_ROOT / "configs/gpu_7b.yaml").recipe_warnings() == []  # a real LLaVA: no world base
+
+
+def test_recipe_warnings_name_a_real_teacher_asked_the_tiny_judges_requests(tmp_path):
+    http = [f"run.workdir={tmp_path}", "teacher.engine=http"]
+    (warning,) = load_config(REPO_ROOT / "configs/local.yaml", http).recipe_warnings()  # local.yaml: compact
+    assert "judge.prompt_style=minos" in warning
+    assert load_config(REPO_ROOT / "configs/local.yaml", [*http, "judge.prompt_style=minos"]).recipe_warnings() == []
