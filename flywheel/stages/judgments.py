@@ -138,7 +138,7 @@ class JudgmentsCore:
     # ---- driving
     def __call__(self, prompts: list[dict]) -> CoreOutput:
         out = CoreOutput()
-        before = self.engine.counters()
+        before = self._engine.counters() if self._engine is not None else {}  # the engine is loaded on first use
         items: list[Item] = []
         for i, p in enumerate(prompts):
             cands = self.by_prompt.get(p["prompt_id"], [])
@@ -159,7 +159,8 @@ class JudgmentsCore:
                 continue
             seen.add(rid)
             out.rows.append(r)
-        out.counters = {k: v - before.get(k, 0.0) for k, v in self.engine.counters().items()}
+        after = self._engine.counters() if self._engine is not None else {}
+        out.counters = {k: v - before.get(k, 0.0) for k, v in after.items()}
         return out
 
     def _drive(self, items: list[Item]) -> list[dict]:
