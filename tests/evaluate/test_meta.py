@@ -397,6 +397,33 @@ def test_a_judge_that_splits_claims_itself_is_rated_by_its_own_split(gold_uri):
     assert zoo["subtask/iu_caption/pointwise_ranking/accuracy"] == 0.0  # an unparsed description ranks nothing
 
 
+def test_a_split_the_judge_fails_on_is_quarantined_with_its_reason(gold_uri):
+    # the core alone (no Ray): an engine that errs on every split request (a timeout); the descriptions' claims
+    # are quarantined saying which side failed and why, and nothing is checked or guessed for them
+    from flywheel.engines.base import TextResult
+
+    class SplitTimesOut(OracleTextEngine):
+        def generate(self, requests, seed=0):
+            got = super().generate(requests, seed)
+            return [TextResult(error="timeout") if (r.context or {}).get("step") == "split" else g
+                    for r, g in zip(requests, got)]
+
+    c, root = gold_uri
+    cj = load_config(None, [f"run.workdir={c.run.workdir}", "meta_eval.protocols=[pointwise, claims]",
+                            "judgments.claim_splitter=judge"])
+    base = root / "gold" / "id-test"
+    gold_rows, prompts = meta.read_gold(str(base))
+    out = meta.MetaEvalCore(cj, str(base / "prompts"), str(base / "candidates"),
+                            engine=SplitTimesOut(c.teacher.model_copy(update={"error_rate": 0.0}),
+                                                 c.world.shapes))(gold_rows)
+    described = [g for g in gold_rows if g["protocol"] == "pointwise" and g["aspect"] is None
+                 and prompts[g["prompt_id"]]["subtask"] in cj.judgments.claim_subtasks]
+    assert described and len(out.quarantined) == len(described)
+    assert all(q["reason"] == "judge: splitting the reference's claims: timeout" for q in out.quarantined)
+    assert not [r for r in out.rows if r["protocol"] == "claims"]
+    assert any(r["protocol"] == "pointwise" for r in out.rows)  # the rest is judged as before
+
+
 def test_gold_claim_checks_need_the_world_splitter_they_are_keyed_by():
     with pytest.raises(ValueError, match="judgments.claim_splitter is 'judge': set it to world"):
         load_config(None, ["world.gold.protocols.iu=[pointwise, claims]", "judgments.claim_splitter=judge"])
