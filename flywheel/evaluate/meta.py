@@ -33,7 +33,7 @@ from flywheel.evaluate import metric_names, perturbation
 from flywheel.evaluate.metrics import (PairItem, PointItem, one_verdict_metrics, pair_correct, pairwise_metrics,
                                       pointwise_metrics)
 from flywheel.judge import claim_split, claims, pairwise, pointwise
-from flywheel.judge.base import ParseError, error_fields
+from flywheel.judge.base import error_fields
 from flywheel.records import config_hash
 from flywheel.stages.runner import CoreOutput, run_stage, up_to_date
 from flywheel.worlds.shapes.claims import claim_texts  # the world's claim splitter (judgments.claim_splitter)
@@ -119,36 +119,28 @@ class MetaEvalCore:
         first (one batch, each distinct text of a prompt once). Gold id -> its split; an item whose list did not
         parse gets a claims row with the parse error instead (its candidate's claims fail, as in the judgments
         stage), one the engine failed on is quarantined."""
-        sides_of = {}
+        sides_of = {g["judgment_id"]: claim_split.sides(self.prompts[g["prompt_id"]],
+                                                        self.candidates[g["candidate_ids"][0]]) for g in items}
         asked: dict[tuple[str, str], TextRequest] = {}
         for g in items:
-            prompt, cand = self.prompts[g["prompt_id"]], self.candidates[g["candidate_ids"][0]]
-            sides_of[g["judgment_id"]] = [(side, t) for side, t in ((claims.RECALL, prompt.get("reference_text")),
-                                                                    (claims.PRECISION, cand.get("output_text"))) if t]
             for _, text in sides_of[g["judgment_id"]]:
                 if (g["prompt_id"], text) not in asked:
                     req = claim_split.build(text, style=self.style)
-                    req.context = make_context("claims", prompt, step="split", text=text)
+                    req.context = make_context("claims", self.prompts[g["prompt_id"]], step="split", text=text)
                     asked[(g["prompt_id"], text)] = req
         results = dict(zip(asked, self.engine.generate(list(asked.values()))))
         splits = {}
         for g in items:
-            got = {t: results[(g["prompt_id"], t)] for _, t in sides_of[g["judgment_id"]]}
-            parsed = {t: claim_split.parse(r.text) for t, r in got.items() if r.ok}
-            failed = next((side for side, t in sides_of[g["judgment_id"]] if t not in parsed), None)
-            unparsed = next(((side, t) for side, t in sides_of[g["judgment_id"]]
-                             if isinstance(parsed.get(t), ParseError)), None)
-            if failed:
-                error = next(r.error for r in got.values() if not r.ok)
+            text_sides = sides_of[g["judgment_id"]]
+            got = claim_split.read(text_sides, {t: results[(g["prompt_id"], t)] for _, t in text_sides})
+            if got.engine_error:
                 out.quarantined.append({"kind": "judgment", "index": 0, "field": "raw_output",
-                                        "reason": f"judge: splitting the {failed}'s claims: {error}",
+                                        "reason": f"judge: splitting {got.engine_error}",
                                         "raw": {"gold": g["judgment_id"], "order": None}})
-            elif unparsed:
-                raw = claim_split.raw_output(unparsed[0], got[unparsed[1]].text)
-                err = ParseError(raw, f"split: {parsed[unparsed[1]].reason}")
-                out.rows.append(self._row(g, claims.NAME, None, raw, error_fields(err)))
+            elif got.unparsed:
+                out.rows.append(self._row(g, claims.NAME, None, got.unparsed.raw, error_fields(got.unparsed)))
             else:
-                splits[g["judgment_id"]] = lambda t, m=parsed: m.get(t, [])
+                splits[g["judgment_id"]] = lambda t, m=got.claims: m.get(t, [])
         return splits
 
 

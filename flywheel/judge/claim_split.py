@@ -12,10 +12,11 @@ is a parse failure of its candidate's claim checks, never a guess at its claims.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
-from flywheel.engines.base import TextRequest
-from flywheel.judge import base
+from flywheel.engines.base import TextRequest, TextResult
+from flywheel.judge import base, claims
 from flywheel.judge.base import ParseError, fail, strict
 
 NONE = "none"
@@ -78,3 +79,35 @@ def parse(raw: str) -> list[str] | ParseError:
 def raw_output(side: str, text: str) -> str:
     """The raw output of a failed split's row: a header naming whose text was split, then the model's text."""
     return f"{HEADER.format(side=side)}\n{text.strip()}"
+
+
+def sides(prompt: dict, candidate: dict) -> list[tuple[str, str]]:
+    """(side, text) of the texts a candidate's claim checks need split: the reference's, then the response's,
+    those that have text."""
+    pairs = ((claims.RECALL, prompt.get("reference_text")), (claims.PRECISION, base.output_of(candidate)[0]))
+    return [(side, text) for side, text in pairs if text]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What the split answers of one candidate's texts give: their claims, or why there are none."""
+
+    claims: dict[str, list[str]] = field(default_factory=dict)  # text -> its claims, when every list parsed
+    engine_error: str | None = None  # "the reference's claims: <error>": the engine failed on a side
+    unparsed: ParseError | None = None  # a side's list that did not parse: raw_output(side, answer), "split: ..."
+
+
+def read(text_sides: Sequence[tuple[str, str]], answers: Mapping[str, TextResult]) -> Outcome:
+    """The outcome of splitting `text_sides` (from sides()), given the engine's answer for each text; an engine
+    error is reported before a list that does not parse."""
+    for side, text in text_sides:
+        if not answers[text].ok:
+            return Outcome(engine_error=f"the {side}'s claims: {answers[text].error}")
+    got: dict[str, list[str]] = {}
+    for side, text in text_sides:
+        parsed = parse(answers[text].text)
+        if isinstance(parsed, ParseError):
+            raw = raw_output(side, answers[text].text)
+            return Outcome(unparsed=ParseError(raw, f"split: {parsed.reason}"))
+        got[text] = parsed
+    return Outcome(claims=got)

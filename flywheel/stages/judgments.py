@@ -42,7 +42,6 @@ from flywheel.aspects import AspectTree, Selection
 from flywheel.config import Config, JudgmentsConfig
 from flywheel.engines.base import TextEngine, TextRequest, TextResult
 from flywheel.judge import aspects as ap
-from flywheel.judge import base
 from flywheel.judge import claim_split as cs
 from flywheel.judge import claims as cl
 from flywheel.judge import decomposed as dc
@@ -65,8 +64,8 @@ def group_candidates(candidates: Iterable[dict]) -> dict[str, list[dict]]:
     by: dict[str, list[dict]] = defaultdict(list)
     for c in candidates:
         by[c["prompt_id"]].append(c)
-    for cs in by.values():
-        cs.sort(key=lambda c: (c.get("sample_index") or 0, c.get("candidate_id") or ""))
+    for rows in by.values():
+        rows.sort(key=lambda c: (c.get("sample_index") or 0, c.get("candidate_id") or ""))
     return dict(by)
 
 
@@ -356,30 +355,21 @@ class JudgmentsCore:
         k, so every candidate is checked against the same list) and of each response first (RLAIF-V's divide
         step), then every candidate's claims are checked as with the world's split. A list that does not parse
         fails its candidates' claims as one parse-failure row each; an engine error quarantines them."""
-        reference = p.get("reference_text")
-        if not reference:  # nothing to check against: the other protocols judge these candidates
+        if not p.get("reference_text"):  # nothing to check against: the other protocols judge these candidates
             return []
-        texts = list(dict.fromkeys([reference, *(t for c in cands if (t := base.output_of(c)[0]))]))
+        texts = list(dict.fromkeys(t for c in cands for _, t in cs.sides(p, c)))  # the reference first
         results = yield [self._with(cs.build(t, style=self.style), protocol="claims", step="split", prompt=p,
                                     sample_k=k, text=t) for t in texts]
-        split_of = dict(zip(texts, results))
-        parsed = {t: cs.parse(r.text) for t, r in split_of.items() if r.ok}
+        answers = dict(zip(texts, results))
         rows, jobs = [], []
         for c in cands:
-            sides = [(side, t) for side, t in ((cl.RECALL, reference), (cl.PRECISION, base.output_of(c)[0])) if t]
-            failed = next(((side, t) for side, t in sides if t not in parsed), None)
-            if failed:
-                self._reject(out, i, p, [c], "claims", k, f"engine error splitting the {failed[0]}'s claims: "
-                             f"{split_of[failed[1]].error}")
-                continue
-            unparsed = next(((side, t) for side, t in sides if isinstance(parsed[t], ParseError)), None)
-            if unparsed:
-                raw = cs.raw_output(unparsed[0], split_of[unparsed[1]].text)
-                err = ParseError(raw, f"split: {parsed[unparsed[1]].reason}")
-                rows.append(self._row(p, [c], "claims", k, raw, error_fields(err)))
-                continue
-            checks = self._claim_checks(i, p, c, k, out, lambda t: parsed.get(t, []))
-            jobs += [(c, checks)] if checks else []
+            got = cs.read(cs.sides(p, c), answers)
+            if got.engine_error:
+                self._reject(out, i, p, [c], "claims", k, f"engine error splitting {got.engine_error}")
+            elif got.unparsed:
+                rows.append(self._row(p, [c], "claims", k, got.unparsed.raw, error_fields(got.unparsed)))
+            elif checks := self._claim_checks(i, p, c, k, out, lambda t, m=got.claims: m.get(t, [])):
+                jobs.append((c, checks))
         results = yield [ch.request for _, checks in jobs for ch in checks]
         at = 0
         for c, checks in jobs:
