@@ -370,6 +370,12 @@ class MetaEvalConfig(StrictModel):
         "where the gold has claim checks too (world.gold.protocols), each claim is scored against gold's verdict "
         "(`<slice>/claims/exact`, ...).")
     perturbation: PerturbationConfig = Field(PerturbationConfig(), description="Minos' perturbation checks.")
+    gold_files: dict[Literal["id-test", "ood-test"], str] = Field(
+        {}, description="Human-labelled gold by split: a JSONL file in `flywheel eval --data`'s format "
+        "(flywheel/evaluate/labeled.py), a path the driver can read. A split named here is scored against these "
+        "labels instead of the oracle world's gold, by meta-eval and the judge's gate; for real data, where the "
+        "oracle world has none. Each output of a labelled pair is also rated by the judge, so pairs are ordered by "
+        "its ratings (pointwise_ranking) without pointwise labels.")
 # ---- end meta-eval
 
 

@@ -10,6 +10,9 @@ The labeled set is JSONL, one item per line, in one of two documented formats (i
 rating on the pointwise protocol's 1-5 scale; `winner` is "A" or "B" (ties are not gold and are refused). Each
 pairwise item is judged in both orders. A line that is not a valid item is reported with its line number and
 skipped (counted); the judge's unparseable outputs count as failures, never as scores.
+
+The same files can be an iteration's gold (`meta_eval.gold_files`): `gold_rows` turns their items into the gold
+set layout flywheel/stages/gold.py writes, so meta-eval and the judge's gate score against human labels.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ def _record(kind: str, obj: dict, where: str, **extra) -> dict:
     if kind == "prompt":
         row = {"task": obj.get("task"), "subtask": obj.get("subtask"), "query": obj.get("query"), "images": images,
                "reference_text": obj.get("reference_text"), "reference_images": [], "aspects": [],
-               "source": "labeled", "split": "id-test"}
+               "source": "labeled", "split": extra.get("split", "id-test")}
     else:
         row = {"prompt_id": extra["prompt_id"], "producer": "labeled", "output_text": obj.get("text"),
                "output_images": images, "sample_index": extra["index"]}
@@ -47,8 +50,9 @@ def _record(kind: str, obj: dict, where: str, **extra) -> dict:
     return valid[0]
 
 
-def load_labeled(path: str | Path) -> tuple[list[dict], list[str]]:
-    """Items as {"type", "prompt", "candidates": [..], "gold"}; and the reasons of the lines that were refused."""
+def load_labeled(path: str | Path, split: str = "id-test") -> tuple[list[dict], list[str]]:
+    """Items as {"type", "prompt", "candidates": [..], "gold", "line"}, their prompts in `split`; and the reasons
+    of the lines that were refused."""
     items, refused = [], []
     for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), start=1):
         if not line.strip():
@@ -58,7 +62,7 @@ def load_labeled(path: str | Path) -> tuple[list[dict], list[str]]:
             kind = obj.get("type")
             if kind not in ("pointwise", "pairwise"):
                 raise ValueError(f"line {n}: type must be 'pointwise' or 'pairwise', got {kind!r}")
-            prompt = _record("prompt", obj.get("prompt"), f"line {n}: prompt")
+            prompt = _record("prompt", obj.get("prompt"), f"line {n}: prompt", split=split)
             if kind == "pointwise":
                 score = obj.get("score")
                 if not isinstance(score, (int, float)) or not 1 <= score <= 5:
@@ -69,8 +73,11 @@ def load_labeled(path: str | Path) -> tuple[list[dict], list[str]]:
             elif kind == "pairwise":
                 if obj.get("winner") not in ("A", "B"):
                     raise ValueError(f"line {n}: winner must be 'A' or 'B' (ties are not gold), got {obj.get('winner')!r}")
+                # index 0 for every output: the same output of a prompt is one candidate wherever it appears
                 cands = [_record("candidate", obj.get(f"response_{s}"), f"line {n}: response_{s}",
-                                 prompt_id=prompt["prompt_id"], index=i) for i, s in enumerate("ab")]
+                                 prompt_id=prompt["prompt_id"], index=0) for s in "ab"]
+                if cands[0]["candidate_id"] == cands[1]["candidate_id"]:
+                    raise ValueError(f"line {n}: response_a and response_b are the same output")
                 gold = obj["winner"]
         except (ValueError, json.JSONDecodeError, AttributeError) as e:
             refused.append(str(e) if str(e).startswith("line") else f"line {n}: {e}")
@@ -114,3 +121,40 @@ def evaluate_labeled(engine: TextEngine, items: list[dict], style: str = "minos"
     if any(i.verdict_ab is not None for i in balanced):  # only a judge read with its probabilities has these
         out |= {f"pairwise_balanced/{k}": v for k, v in one_verdict_metrics(balanced).items()}
     return out
+
+
+UNLABELLED = "unlabelled"  # parsed key of a gold row the judge rates only to order the pairs its output is in
+
+
+def gold_rows(items: list[dict], labeller: str) -> tuple[list[dict], list[dict], list[dict]]:
+    """Labeled items (load_labeled) as a gold set's prompts, candidates and judgments (flywheel/stages/gold.py),
+    judged by `labeller`: a pointwise item is a pointwise row with its score; a pairwise item a pairwise row in
+    the order AB with the winner as verdict. Each output of a pair that has no pointwise label also gets a
+    pointwise row without a score (parsed {"unlabelled": true}): meta-eval has the judge rate it, so that the
+    pair is ordered by its ratings (pointwise_ranking) as oracle gold pairs are, while no rating is scored against
+    a label that does not exist. Prompts and outputs repeated across lines are kept once (ids are contents)."""
+    prompts: dict[str, dict] = {}
+    candidates: dict[str, dict] = {}
+    rows, rated, in_pairs = [], set(), {}
+    for it in items:
+        p, cands = it["prompt"], it["candidates"]
+        prompts.setdefault(p["prompt_id"], p)
+        for c in cands:
+            candidates.setdefault(c["candidate_id"], c)
+        row = {"prompt_id": p["prompt_id"], "candidate_ids": [c["candidate_id"] for c in cands], "judge": labeller,
+               "aspect": None, "sample_k": 0, "raw_output": f"{labeller}, line {it['line']}", "parse_error": None,
+               "analysis": None, "parsed": None, "score": None, "verdict": None}
+        if it["type"] == "pointwise":
+            rated.add((p["prompt_id"], cands[0]["candidate_id"]))
+            rows.append(row | {"protocol": "pointwise", "order": None, "score": it["gold"]})
+        else:
+            rows.append(row | {"protocol": "pairwise", "order": "AB", "verdict": it["gold"]})
+            for c in cands:
+                in_pairs.setdefault((p["prompt_id"], c["candidate_id"]), it["line"])
+    for (pid, cid), line in in_pairs.items():
+        if (pid, cid) not in rated:
+            rows.append({"prompt_id": pid, "candidate_ids": [cid], "judge": labeller, "protocol": "pointwise",
+                         "aspect": None, "order": None, "sample_k": 0, "analysis": None, "score": None,
+                         "verdict": None, "parse_error": None, "parsed": {UNLABELLED: True},
+                         "raw_output": f"{labeller}, line {line}: an output of a pair, not rated by the labels"})
+    return list(prompts.values()), list(candidates.values()), rows

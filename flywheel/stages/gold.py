@@ -12,14 +12,21 @@ Layout under the output URI, one folder per split (train, id-test, ood-test):
                       output shown first wins half the time;
                       other protocols in `world.gold.protocols` (decomposed: 0-10 overall, rubric: fraction met).
 Everything is deterministic for (run.seed, world config, prompts). Small, so it runs in the driver without Ray.
+
+A split named in `meta_eval.gold_files` takes its gold from that file instead: human labels in `flywheel eval
+--data`'s JSONL format (flywheel/evaluate/labeled.py), judged by "labeled:<file name>", in the same layout, so
+meta-eval and the judge's gate score against them. Its refused lines are quarantined with their line numbers.
+The stage is redone when a file's contents change.
 """
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -28,6 +35,7 @@ from flywheel import storage
 from flywheel.config import Config, JudgmentsConfig
 from flywheel.datasets import Manifest, MissingManifest, read_dataset, read_manifest, write_dataset
 from flywheel.engines.base import TextEngine
+from flywheel.evaluate.labeled import gold_rows, load_labeled
 from flywheel.records import with_ids
 from flywheel.stages.judgments import JudgmentsCore, judgment_stats
 from flywheel.worlds.shapes.assessment import NoGroundTruth, load_meta
@@ -66,8 +74,34 @@ def pick_prompts(prompts: list[dict], split: str, per_subtask: int) -> list[dict
     return out
 
 
+def splits(cfg: Config) -> list[str]:
+    """The gold splits: world.gold.splits, then those only meta_eval.gold_files names."""
+    return list(dict.fromkeys([*cfg.world.gold.splits, *cfg.meta_eval.gold_files]))
+
+
+def labeled_gold(path: str, split: str) -> GoldSet:
+    """A split's gold from a labeled JSONL file (module docstring)."""
+    try:
+        items, refused = load_labeled(path, split)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"meta_eval.gold_files.{split}: no file at {path}") from None
+    if not items:
+        raise ValueError(f"meta_eval.gold_files.{split}: {path} holds no valid item"
+                         + (f" ({len(refused)} refused, e.g. {refused[0]})" if refused else " (it is empty)"))
+    gp, gc, gj = gold_rows(items, f"labeled:{Path(path).name}")
+    lines = Path(path).read_text(encoding="utf-8").splitlines()
+    bad = []
+    for reason in refused:  # "line <n>: ...": kept raw with its reason
+        n = int(reason.split(":", 1)[0].removeprefix("line "))
+        bad.append({"kind": "judgment", "index": n, "reason": reason, "field": "", "raw": lines[n - 1]})
+    if refused:
+        log.warning("gold %s: %d of %d lines of %s refused, e.g. %s", split, len(refused), len(refused) + len(items),
+                    path, refused[0])
+    return GoldSet(gp, gc, gj, bad)
+
+
 def build_gold(cfg: Config, prompts: list[dict], engine: TextEngine | None = None) -> dict[str, GoldSet]:
-    """The gold set of every configured split (pure: no storage, no Ray)."""
+    """The gold set of every split (pure: no storage, no Ray)."""
     from flywheel.engines.oracle import gold_engine
 
     g = cfg.world.gold
@@ -76,8 +110,15 @@ def build_gold(cfg: Config, prompts: list[dict], engine: TextEngine | None = Non
     jcfg = JudgmentsConfig(protocols=g.protocols, samples_per_item=1, pairwise_aspects="overall",
                            pairwise_orders=["AB", "BA"], max_pairs_per_prompt=None, rubric_item_calls="all")
     out = {}
-    for split in g.splits:
+    for split in splits(cfg):
+        if split in cfg.meta_eval.gold_files:
+            out[split] = labeled_gold(cfg.meta_eval.gold_files[split], split)
+            continue
         chosen = pick_prompts(prompts, split, g.prompts_per_subtask)
+        if not chosen:  # an empty gold would leave meta-eval nothing to score and the gate's metric undefined
+            raise ValueError(f"gold {split}: no oracle-world prompt of that split to build gold from (prompts."
+                             f"oracle_world is {cfg.prompts.oracle_world}); name a labelled file in "
+                             f"meta_eval.gold_files.{split}, or leave {split} out of world.gold.splits")
         cands = with_ids("candidate", [c for p in chosen
                                        for c in gold_candidates(p, g, cfg.world.shapes, cfg.run.seed)])
         core = JudgmentsCore(cfg, cands, engine=engine, judgments=jcfg)
@@ -120,7 +161,20 @@ def _keep_pairs(rows: list[dict], limit: int, seed: int) -> list[dict]:
 
 
 def _stage_hash(cfg: Config) -> str:
-    return cfg.stage_hash("gold")
+    """The config's gold hash; with gold files, also their contents (a file edited in place redoes the stage)."""
+    h = cfg.stage_hash("gold")
+    files = cfg.meta_eval.gold_files
+    if not files:
+        return h
+    digests = {split: _file_sha(path) for split, path in sorted(files.items())}
+    return hashlib.sha256(json.dumps([h, digests]).encode()).hexdigest()[:16]
+
+
+def _file_sha(path: str) -> str | None:
+    try:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    except FileNotFoundError:
+        return None  # build_gold names the missing file
 
 
 def _up_to_date(output_uri: str, split: str, stage_hash: str, upstream: Manifest) -> dict[str, Manifest] | None:
@@ -142,7 +196,7 @@ def run(cfg: Config, prompts_uri: str, output_uri: str, tracker: Any = None) -> 
     config hash and prompts dataset."""
     table, upstream = read_dataset(prompts_uri, "prompt")
     h = _stage_hash(cfg)
-    done = {s: _up_to_date(output_uri, s, h, upstream) for s in cfg.world.gold.splits}
+    done = {s: _up_to_date(output_uri, s, h, upstream) for s in splits(cfg)}
     if all(v is not None for v in done.values()):
         log.info("stage gold: %s is up to date; skipped", output_uri)
         return done  # type: ignore[return-value]
