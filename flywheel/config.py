@@ -335,10 +335,24 @@ class PreferencesConfig(StrictModel):
         "again with the judge serving now (their pairs were ranked by older judges), so the update trains on the "
         "current judge's pairs only. Costs one preference-labels pass per earlier iteration, once per update.")
 
+    sources: list[SourceSpec] = Field(
+        [], description="User prompt files the policies' preference prompts come from instead of the oracle world "
+        "(flywheel/sources.py's formats): each iteration draws `prompts_per_subtask` train-split prompts of each "
+        "of `subtasks` (the files' own sub-task names), a seeded draw of its own, so iterations see different "
+        "prompts of a larger pool; their id-test prompts are the policies' held-out prompts, rated by the judge "
+        "(gate.policy_metric / generator_metric `judge/pointwise/score`). For real data: the oracle world has "
+        "none of it.")
+
     @model_validator(mode="after")
     def _counts(self) -> PreferencesConfig:
-        self.suites()  # unknown sub-tasks or a count map that misses one fail at load, not mid-iteration
+        if not self.sources:  # the files' sub-tasks are only known when they are read
+            self.suites()  # unknown sub-tasks or a count map that misses one fail at load, not mid-iteration
         return self
+
+    def count(self, subtask: str, task: str) -> int:
+        """Prompts drawn per iteration for a sub-task of `task` (its own entry wins over its task's)."""
+        c = self.prompts_per_subtask
+        return c if isinstance(c, int) else c.get(subtask, c.get(task, 0))
 
     def suites(self) -> SuitesConfig:
         """The suite that draws each iteration's fresh preference prompts (no test splits)."""
@@ -535,6 +549,35 @@ class Config(StrictModel):
             raise ValueError("world.gold.protocols has claims, scored claim by claim against the world parser's "
                              f"split, but judgments.claim_splitter is {self.judgments.claim_splitter!r}: set it to "
                              "world, or take claims out of world.gold.protocols")
+        return self
+
+    @model_validator(mode="after")
+    def _real_data_asks_no_oracle(self) -> "Config":
+        # prompts without ground truth (prompts.oracle_world false, preferences.sources) cannot be labelled,
+        # gold-scored or evaluated by the oracle world: each setting that would ask it is named, rather than left
+        # to label nothing, build an empty gold or evaluate the policies on the world's shapes instead
+        errs = []
+        if self.preferences.sources:
+            for role in ("policy", "generator"):
+                metric = getattr(self.gate, f"{role}_metric")
+                if not metric.startswith("judge/"):
+                    errs.append(f"gate.{role}_metric {metric!r} is the oracle's, but the held-out prompts come from "
+                                "preferences.sources: use judge/pointwise/score")
+            errs += [f"train.{t}.heldout evaluates on the oracle world's items: set it to null"
+                     for t in ("policy_dpo", "diffusion_dpo") if self.train.resolved(t).heldout is not None]
+        if not self.prompts.oracle_world:
+            if self.teacher.engine == "oracle":
+                errs.append("teacher.engine is oracle, which labels only the oracle world's prompts: use http")
+            if missing := [s for s in self.world.gold.splits if s not in self.meta_eval.gold_files]:
+                errs.append(f"world.gold.splits {missing} have no file in meta_eval.gold_files, and the oracle world "
+                            "gives them no gold: name a file or leave them out")
+            if not self.preferences.sources:
+                errs.append("preferences.sources is empty, so the policies' preference prompts would be the oracle "
+                            "world's: name the files")
+            if self.train.resolved("judge_dpo").heldout is not None:
+                errs.append("train.judge_dpo.heldout rates the oracle world's gold: set it to null")
+        if errs:
+            raise ValueError("prompts without ground truth: " + "; ".join(errs))
         return self
 
     @model_validator(mode="after")

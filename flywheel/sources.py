@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +23,7 @@ import pyarrow.parquet as pq
 
 from flywheel.aspects import AspectError, AspectTree
 
+log = logging.getLogger(__name__)
 _OPTIONAL = {"split": "train", "reference_text": None, "reference_images": [], "meta": None, "aspects": []}
 
 
@@ -115,3 +118,26 @@ def read_source(spec: dict, tree: AspectTree) -> tuple[list[dict], list[dict]]:
     rows, bad = readers[kind](**args)
     rows, bad_aspects = fill_aspects(rows, tree)
     return rows, bad + bad_aspects
+
+
+def read_sources(specs: list[dict], tree: AspectTree) -> tuple[list[dict], list[dict]]:
+    """Every source's rows, in order, and their quarantined items."""
+    rows, bad = [], []
+    for spec in specs:
+        got, refused = read_source(spec, tree)
+        log.info("prompts: %d rows from %s (%d quarantined)", len(got), spec["path"], len(refused))
+        rows += got
+        bad += refused
+    return rows, bad
+
+
+def files_digest(paths: list[str]) -> str:
+    """sha256 of the files' contents, in order: a stage reading them is redone when one is edited in place (a
+    missing file hashes as such; its reader names it)."""
+    h = hashlib.sha256()
+    for path in paths:
+        try:
+            h.update(hashlib.sha256(Path(path).read_bytes()).digest())
+        except FileNotFoundError:
+            h.update(b"missing:" + str(path).encode())
+    return h.hexdigest()[:16]

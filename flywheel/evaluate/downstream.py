@@ -77,13 +77,43 @@ def oracle_check(role: str, metric: str, before: Downstream, after: Downstream) 
     return out
 
 
+def heldout_prompts(cfg: Config, tasks: tuple[str, ...]) -> list[dict]:
+    """preferences.sources' id-test prompts of `tasks` (real data's held-out prompts), at most gate.eval_items:
+    a draw fixed by run.seed, so every model of a run is asked the same prompts."""
+    import numpy as np
+
+    from flywheel.stages.prompts import draw_sources
+
+    rows, _ = draw_sources(cfg, "id-test", cfg.run.seed, counts=lambda subtask, task: cfg.gate.eval_items)
+    rows = [r for r in rows if r["task"] in tasks]
+    if not rows:
+        raise ValueError(f"preferences.sources hold no id-test prompt of the tasks {list(tasks)} to evaluate on")
+    take = np.random.default_rng([cfg.run.seed, 104729]).permutation(len(rows))[:cfg.gate.eval_items]
+    return [rows[i] for i in sorted(take)]
+
+
+def _no_truth(role: str, judge: str | None) -> None:
+    if judge is None:
+        raise ValueError(f"the {role}'s held-out prompts come from preferences.sources, which have no ground "
+                         f"truth: only the judge can score them (gate.{role}_metric: judge/pointwise/score)")
+
+
 def _policy(cfg: Config, ref: str, judge: str | None = None) -> Downstream:
     from flywheel.engines.hf import HFTextEngine
     from flywheel.models.zoo import resolve_model_path
+    from flywheel.stages.candidates import TEXT_TASKS, policy_request
     from flywheel.worlds.shapes import policy_eval as pe
 
     gen = cfg.policy.generation.model_copy(update={"temperature": 0.0})  # greedy: the policy's own answer
     engine = HFTextEngine(resolve_model_path(ModelRef(path=ref), cfg), gen)
+    if cfg.preferences.sources:  # real data: its held-out prompts, rated by the judge alone
+        _no_truth("policy", judge)
+        prompts = heldout_prompts(cfg, TEXT_TASKS)
+        results = engine.generate([policy_request(p) for p in prompts], seed=cfg.run.seed)
+        del engine
+        out = Downstream({"items": float(len(prompts))})
+        _add_judge_scores(cfg, judge, out, prompts, [{"output_text": r.text if r.ok else ""} for r in results])
+        return out
     world = cfg.world.shapes
     items, results = pe.answer_text_items(engine, world, cfg.gate.eval_items, cfg.run.seed)
     del engine  # before the judge loads: one model in memory at a time
@@ -104,6 +134,17 @@ def _generator(cfg: Config, ref: str, judge: str | None = None) -> Downstream:
 
     engine = DiffusersImageEngine(resolve_model_path(ModelRef(path=ref), cfg), cfg.generator.generation)
     world, seed = cfg.world.shapes, cfg.run.seed
+    if cfg.preferences.sources:  # real data: its held-out drawing prompts, rated by the judge alone
+        from flywheel.stages.candidates import IMAGE_TASKS, generator_request
+
+        _no_truth("generator", judge)
+        prompts = heldout_prompts(cfg, IMAGE_TASKS)
+        results = engine.generate([generator_request(p, seed * 100_003 + i) for i, p in enumerate(prompts)])
+        del engine
+        out = Downstream({"items": float(len(prompts))})
+        _add_judge_scores(cfg, judge, out, prompts,
+                          [{"output_images": [to_png_bytes(r.image)] if r.ok else []} for r in results])
+        return out
     specs, results = pe.draw_generator_items(engine, world, cfg.gate.eval_items, seed, kinds)
     del engine
     metrics, scores = pe.score_image_items(specs, kinds, results, world)
@@ -158,6 +199,10 @@ def _cached(role: str, fn, cfg: Config, ref: str, judge: str | None) -> Downstre
     if model is None or scorer is None:
         return _remote(fn, cfg, ref, judge)
     setting = cfg.stage_hash(f"downstream-{role}")  # the held-out items and the decoding
+    if cfg.preferences.sources:  # real data's held-out prompts are the files' (their contents, their sub-tasks)
+        from flywheel.sources import files_digest
+
+        setting += f"|{files_digest([s.path for s in cfg.preferences.sources])}|{cfg.preferences.subtasks}"
     # an oracle-only result keeps the key it always had
     judged = "" if judge is None else f"|{scorer}|{cfg.stage_hash('downstream-judge')}|{JUDGE_SCORING_VERSION}"
     key = hashlib.sha256(f"{SCORING_VERSION}|{setting}|{model}{judged}".encode()).hexdigest()[:16]

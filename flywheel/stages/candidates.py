@@ -38,6 +38,17 @@ def _user(text: str, n_images: int) -> list[dict[str, Any]]:
     return [{"role": "user", "content": [{"type": "image"}] * n_images + [{"type": "text", "text": text}]}]
 
 
+def policy_request(prompt: dict) -> TextRequest:
+    """What the text policy is asked for a text-task prompt: its images, then its query."""
+    return TextRequest(_user(prompt["query"], len(prompt["images"])), list(prompt["images"]))
+
+
+def generator_request(prompt: dict, seed: int) -> ImageRequest:
+    """What the generator is asked for a drawing prompt: the oracle world's generator prompt, else the query."""
+    meta = json.loads(prompt["meta"]) if prompt.get("meta") else {}
+    return ImageRequest(meta.get("generator_prompt") or prompt["query"], seed=seed)
+
+
 class CandidatesCore:
     def __init__(self, cfg: Config, text_engine=None, image_engine=None):
         self.cfg = cfg
@@ -64,8 +75,7 @@ class CandidatesCore:
         images: dict[int, bytes] = {}  # slot index -> PNG
         draw = [j for j, (_, p, _) in enumerate(slots) if p["task"] in ("ig", "itig")]
         if draw:
-            reqs = [ImageRequest(meta[slots[j][0]].get("generator_prompt") or slots[j][1]["query"],
-                                 seed=_seed(slots[j][1]["prompt_id"], slots[j][2], seed)) for j in draw]
+            reqs = [generator_request(slots[j][1], _seed(slots[j][1]["prompt_id"], slots[j][2], seed)) for j in draw]
             for j, res in zip(draw, self.image.generate(reqs, seed=seed), strict=True):
                 if res.ok:
                     images[j] = _png(res.image)
@@ -83,7 +93,7 @@ class CandidatesCore:
                     describe = meta[i].get("describe_prompt") or self.cfg.candidates.itig_describe_prompt
                     reqs.append(TextRequest(_user(describe, 1), [images[j]]))
                 else:
-                    reqs.append(TextRequest(_user(p["query"], len(p["images"])), list(p["images"])))
+                    reqs.append(policy_request(p))
             for j, res in zip(speak, self.text.generate(reqs, seed=seed), strict=True):
                 if res.ok:
                     texts[j] = res.text.strip()

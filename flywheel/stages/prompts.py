@@ -8,11 +8,15 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
+
+import numpy as np
 
 from flywheel.aspects import AspectTree
 from flywheel.config import Config
 from flywheel.datasets import Manifest, MissingManifest, read_dataset, read_manifest, write_dataset
-from flywheel.sources import read_source
+from flywheel.sources import files_digest, read_sources
+from flywheel.records import with_ids
 from flywheel.stages.runner import StageResult
 
 log = logging.getLogger(__name__)
@@ -32,18 +36,16 @@ def build_prompts(cfg: Config, tree: AspectTree | None = None, iteration: int = 
     if cfg.prompts.oracle_world:
         rows.extend(generate(cfg.world.suites, cfg.world.shapes, tree, draw_seed(cfg.run.seed, iteration),
                              split_seed=cfg.run.seed))
-    for spec in cfg.prompts.sources:
-        got, bad = read_source(spec.model_dump(exclude_none=True), tree)
-        log.info("prompts: %d rows from %s (%d quarantined)", len(got), spec.path, len(bad))
-        rows.extend(got)
-        quarantined.extend(bad)
-    return rows, quarantined
+    got, bad = read_sources([s.model_dump(exclude_none=True) for s in cfg.prompts.sources], tree)
+    return rows + got, quarantined + bad
 
 
 def run(cfg: Config, output_uri: str, tracker=None, iteration: int = 0) -> StageResult:
     """The iteration's prompts: oracle-world suites drawn fresh for each iteration (test splits stay stable)
     plus the configured sources."""
     stage_hash = cfg.stage_hash("prompts") + (f"/{iteration}" if iteration else "")
+    if cfg.prompts.sources:  # a file edited in place is read again
+        stage_hash += "/" + files_digest([s.path for s in cfg.prompts.sources])
     try:
         m = read_manifest(output_uri)
         if m.config_hash == stage_hash:
@@ -91,19 +93,54 @@ def run_split(cfg: Config, prompts_uri: str, output_uri: str, splits: tuple[str,
 
 
 def run_fresh(cfg: Config, output_uri: str, seed: int, tracker=None) -> Manifest:
-    """Fresh prompts for the policies' preference data (cfg.preferences), drawn from a seed of their own."""
+    """Fresh prompts for the policies' preference data (cfg.preferences), drawn from a seed of their own: from
+    the oracle world's suites, or from preferences.sources (draw_sources)."""
     from flywheel.worlds.shapes.suites import generate
 
     p = cfg.preferences
     stage_hash = f"fresh:{seed}:{cfg.stage_hash('preferences')}"
+    if p.sources:
+        stage_hash += ":" + files_digest([s.path for s in p.sources])
     done = _skip(output_uri, stage_hash, [])
     if done is not None:
         log.info("stage preference-prompts: %s is up to date; skipped", output_uri)
         return done
-    rows = list(generate(p.suites(), cfg.world.shapes, AspectTree.load(), seed))
+    if p.sources:
+        rows, quarantined = draw_sources(cfg, "train", seed)
+    else:
+        rows, quarantined = list(generate(p.suites(), cfg.world.shapes, AspectTree.load(), seed)), []
     m = write_dataset(output_uri, "prompt", rows, config_hash=stage_hash, producer="preference-prompts",
-                      limits=cfg.limits)
+                      limits=cfg.limits, quarantined=quarantined)
     log.info("stage preference-prompts: %d prompts → %s", m.row_count, output_uri)
     if tracker is not None:
         tracker.log_manifest(m)
     return m
+
+
+def draw_sources(cfg: Config, split: str, seed: int, counts: Callable[[str, str], int] | None = None
+                 ) -> tuple[list[dict], list[dict]]:
+    """Prompts of preferences.sources in `split` (their `split` field): per sub-task of preferences.subtasks,
+    `counts(subtask, task)` of them (default preferences.count), a seeded draw (all it has when it has fewer),
+    in sub-task order; and the files' quarantined rows. A sub-task with no prompt there is an error naming it."""
+    p = cfg.preferences
+    rows, quarantined = read_sources([s.model_dump(exclude_none=True) for s in p.sources], AspectTree.load())
+    by_subtask: dict[str, list[dict]] = {s: [] for s in p.subtasks}
+    for r in with_ids("prompt", rows):
+        if r.get("split") == split and r.get("subtask") in by_subtask:
+            by_subtask[r["subtask"]].append(r)
+    missing = [s for s, got in by_subtask.items() if not got]
+    if missing:
+        raise ValueError(f"preferences.subtasks {missing}: no {split}-split prompt of that sub-task in "
+                         f"preferences.sources ({', '.join(s.path for s in p.sources)})")
+    counts = counts or p.count
+    out = []
+    for k, (subtask, got) in enumerate(by_subtask.items()):
+        got = sorted({r["prompt_id"]: r for r in got}.values(), key=lambda r: r["prompt_id"])  # repeats once
+        n = counts(subtask, got[0]["task"])
+        if n < 1:
+            raise ValueError(f"preferences.prompts_per_subtask gives {subtask} no prompt (nor its task)")
+        take = np.random.default_rng([seed, k]).permutation(len(got))[:n]
+        out += [got[i] for i in sorted(take)]
+    log.info("%s prompts from preferences.sources: %d of %d sub-tasks' %d", split, len(out), len(by_subtask),
+             sum(len(g) for g in by_subtask.values()))
+    return out, quarantined

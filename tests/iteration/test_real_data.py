@@ -1,0 +1,138 @@
+"""An iteration on prompts without ground truth, as a user with real data runs it: no oracle-world prompt
+(`prompts.oracle_world: false`), the user's prompt file for the judge's data and the policies' preference data
+(`preferences.sources`: train prompts drawn each iteration, id-test prompts held out), a teacher behind an
+OpenAI-compatible endpoint, human-labelled gold (`meta_eval.gold_files`), and policies gated by the judge's
+ratings of their held-out answers. Every stage runs and nothing is taken from the oracle world.
+
+No remote API is reachable from these machines: a local chat-completions server stands in for the teacher (it
+rates a response by its length, so ratings differ; tests/chat_server.py). The models are the tiny random zoo."""
+
+import base64
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from chat_server import ChatServer, completion
+from mlflow import MlflowClient
+from PIL import Image
+
+from flywheel.config import REPO_ROOT, load_config
+from flywheel.datasets import read_dataset
+from flywheel.evaluate.downstream import evaluate_generator_ref, evaluate_policy_ref
+from flywheel.iteration import paths
+from tiny_iteration import TINY
+
+pytestmark = pytest.mark.slow
+
+
+class Teacher(ChatServer):
+    """Rates a response 1-5 by its length and prefers the longer of two: a teacher whose labels differ."""
+
+    def __init__(self):
+        super().__init__()
+        self.asked = 0
+
+    async def handle(self, request):
+        from aiohttp import web
+
+        body = await request.json()
+        self.asked += 1
+        text = "".join(p.get("text", "") for p in body["messages"][-1]["content"]) if isinstance(
+            body["messages"][-1]["content"], list) else body["messages"][-1]["content"]
+        if "###Response A###" in text:
+            a = text.split("###Response A###", 1)[1].split("###Response B###", 1)[0]
+            b = text.split("###Response B###", 1)[1].split("###Your Evaluation###", 1)[0]
+            answer = f"Analysis: compared.\nVerdict: {'A' if len(a) >= len(b) else 'B'}"
+        else:
+            instance = text.rsplit("###Task Instance###", 1)[-1]
+            answer = f"Analysis: rated.\nRating: {1 + len(instance) % 5}"
+        return web.json_response(completion(body["model"], answer))
+
+
+def _png(colour: str) -> str:
+    buf = io.BytesIO()
+    Image.new("RGB", (56, 56), colour).save(buf, format="PNG")
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def _write_data(root: Path) -> tuple[Path, Path]:
+    colours = ["red", "blue", "green", "yellow", "white", "black", "orange", "purple"]
+    rows = [{"task": "iu", "subtask": "vqa", "query": f"What colour is picture {i}?", "images": [_png(c)],
+             "split": "id-test" if i >= 6 else "train"} for i, c in enumerate(colours)]
+    rows += [{"task": "ig", "subtask": "text_to_image", "query": f"Draw a {c} square.", "images": [],
+              "split": "id-test" if i >= 4 else "train"} for i, c in enumerate(colours[:6])]
+    prompts = root / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    q = {"task": "iu", "subtask": "vqa", "query": "What colour is this?", "images": [_png("red")]}
+    labels = [{"type": "pointwise", "prompt": q, "response": {"text": "Red."}, "score": 5},
+              {"type": "pointwise", "prompt": q, "response": {"text": "Blue."}, "score": 1},
+              {"type": "pairwise", "prompt": q, "response_a": {"text": "It is red."}, "response_b": {"text": "Green."},
+               "winner": "A"}]
+    gold = root / "gold.jsonl"
+    gold.write_text("".join(json.dumps(x) + "\n" for x in labels))
+    return prompts, gold
+
+
+def test_an_iteration_on_user_prompts_takes_nothing_from_the_oracle_world(tmp_path):
+    prompts_file, gold_file = _write_data(tmp_path)
+    work = tmp_path / "work"
+    source = f"[{{type: jsonl, path: {prompts_file}}}]"
+    with Teacher() as teacher:
+        run = [*TINY, f"run.workdir={work}", "prompts.oracle_world=false", f"prompts.sources={source}",
+               f"preferences.sources={source}", "preferences.subtasks=[vqa, text_to_image]",
+               "preferences.prompts_per_subtask=2", "gate.eval_items=10",
+               "teacher.engine=http", f"teacher.http.base_url=http://127.0.0.1:{teacher.port}/v1",
+               "teacher.http.model=teacher", "judge.prompt_style=minos", "world.gold.splits=[id-test]",
+               f"meta_eval.gold_files={{id-test: {gold_file}}}",
+               "gate.policy_metric=judge/pointwise/score", "gate.generator_metric=judge/pointwise/score",
+               "train.policy_dpo.heldout=null", "train.diffusion_dpo.heldout=null", "train.judge_dpo.heldout=null",
+               # the random judge ranks no gold pair: promote it anyway, so the iteration goes on to the policies
+               "gate.judge_test=none", "gate.judge_margin=-1"]
+        log = tmp_path / "run.log"
+        with open(log, "w") as out:
+            proc = subprocess.run([sys.executable, str(REPO_ROOT / "jobs" / "iteration.py"), *run], stdout=out,
+                                  stderr=subprocess.STDOUT, timeout=1500)
+        assert proc.returncode == 0, log.read_text()[-4000:]
+        assert teacher.asked > 0
+
+    cfg = load_config(REPO_ROOT / "configs" / "local.yaml", run)
+    p = paths(cfg, 0)
+    rows = read_dataset(p["prompts"], "prompt")[0].to_pylist()
+    assert len(rows) == 14 and {r["source"] for r in rows} == {"prompts.jsonl"}  # the file's, no oracle prompt
+    labels = read_dataset(p["labels"], "judgment")[0].to_pylist()
+    assert labels and {r["judge"] for r in labels} == {f"http:http://127.0.0.1:{teacher.port}/v1#teacher@teacher"}
+    gold = read_dataset(str(Path(p["gold"]) / "id-test" / "judgments"), "judgment")[0].to_pylist()
+    assert {g["judge"] for g in gold} == {"labeled:gold.jsonl"}
+    # the preference prompts are the file's train prompts, two per sub-task
+    pref = read_dataset(p["pref-prompts"], "prompt")[0].to_pylist()
+    assert sorted(r["subtask"] for r in pref) == ["text_to_image"] * 2 + ["vqa"] * 2
+    assert {r["split"] for r in pref} == {"train"}
+
+    summary = _summary(cfg)
+    assert summary["meta_eval"]["challenger"]["id-test"]["all/pointwise/n"] == 2  # the labels, not the oracle's
+    # The random judge's ratings of the preference samples do not parse, so no pair was made and no policy
+    # trained: the held-out evaluation the gate would run is run here, on the file's id-test prompts
+    import ray
+
+    try:
+        for evaluate, ref in ((evaluate_policy_ref, "zoo:policy"), (evaluate_generator_ref, "zoo:generator")):
+            down = evaluate(cfg, ref, judge="zoo:judge")
+            assert down.metrics["items"] == 2  # the file's two id-test prompts of the role
+            assert down.metrics["judge/pointwise/parse_failure_rate"] == 1.0  # counted as failures, not scores
+            assert len(down.per_item["judge/pointwise/score"]) == 2
+            assert not {"accuracy", "score10"} & set(down.metrics)  # nothing the oracle scored
+            with pytest.raises(ValueError, match="no ground truth: only the judge can score them"):
+                evaluate(cfg, ref)
+    finally:
+        ray.shutdown()
+
+
+def _summary(cfg) -> dict:
+    client = MlflowClient(tracking_uri=cfg.tracking.uri)
+    exp = client.get_experiment_by_name(cfg.experiment)
+    parent = [r for r in client.search_runs([exp.experiment_id]) if "mlflow.parentRunId" not in r.data.tags][0]
+    path = client.download_artifacts(parent.info.run_id, "summary/summary.json")
+    return json.loads(Path(path).read_text())
