@@ -1,8 +1,7 @@
-import base64
-import io
 import json
 
 import pytest
+from labeled_sets import png_b64
 from PIL import Image
 
 from flywheel.aspects import AspectTree
@@ -15,16 +14,10 @@ def tree():
     return AspectTree.load()
 
 
-def _png_b64(color="red"):
-    buf = io.BytesIO()
-    Image.new("RGB", (28, 28), color).save(buf, format="PNG")
-    return base64.b64encode(buf.getvalue()).decode()
-
-
 def test_jsonl_rows_become_valid_prompts_and_bad_lines_are_quarantined(tmp_path, tree):
     Image.new("RGB", (28, 28), "blue").save(tmp_path / "blue.png")
     lines = [
-        json.dumps({"task": "iu", "subtask": "iu_color", "query": "What colour?", "images": [_png_b64()]}),
+        json.dumps({"task": "iu", "subtask": "iu_color", "query": "What colour?", "images": [png_b64()]}),
         json.dumps({"task": "iu", "subtask": "iu_count", "query": "How many?", "image_paths": ["blue.png"]}),
         "{not json",
         json.dumps({"task": "iu", "subtask": "iu_color", "query": "x", "images": ["%%%"]}),

@@ -3,8 +3,6 @@ cluster with token auth: what they write to MLflow, and that the cluster refuses
 
 from __future__ import annotations
 
-import base64
-import io
 import json
 import re
 import urllib.error
@@ -13,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from mlflow import MlflowClient
-from PIL import Image
+from labeled_sets import pair, png_b64, point, write_jsonl
 from tiny_iteration import TINY
 
 from flywheel.raycluster import free_port
@@ -88,24 +86,14 @@ def test_iteration_job_records_an_iteration_with_its_stages_in_mlflow(local_ray_
     assert (j["work"] / "data" / "iterations" / "000" / "prompts").is_dir()
 
 
-def _png_b64(colour: str) -> str:
-    buf = io.BytesIO()
-    Image.new("RGB", (56, 56), colour).save(buf, format="PNG")
-    return base64.b64encode(buf.getvalue()).decode()
-
-
 @pytest.mark.slow  # ~45 s more on top of the iteration it reuses; the default suite keeps the iteration only
 def test_eval_job_judges_a_labeled_set_with_the_judge_the_iteration_registered(local_ray_cluster,
                                                                               tiny_iteration_job, tmp_path):
     j = tiny_iteration_job
     assert j["status"] == "SUCCEEDED"
-    prompt = {"task": "iu", "subtask": "iu_color", "query": "What colour is the square?", "images": [_png_b64("red")]}
-    lines = [{"type": "pointwise", "prompt": prompt, "response": {"text": "Red."}, "score": 5},
-             {"type": "pointwise", "prompt": prompt, "response": {"text": "Blue."}, "score": 1},
-             {"type": "pairwise", "prompt": prompt, "response_a": {"text": "Red."}, "response_b": {"text": "Blue."},
-              "winner": "A"}]
-    data = tmp_path / "labeled.jsonl"
-    data.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    prompt = {"task": "iu", "subtask": "iu_color", "query": "What colour is the square?", "images": [png_b64("red")]}
+    data = write_jsonl(tmp_path / "labeled.jsonl", [point(prompt, "Red.", 5), point(prompt, "Blue.", 1),
+                                                    pair(prompt, "Red.", "Blue.", "A")])
     log = tmp_path / "submit.log"
     _, status = local_ray_cluster.submit(["jobs/eval.py", "--data", str(data), "--judge", "models:/judge/1",
                                            "--config", "configs/local.yaml", f"run.workdir={j['work']}",

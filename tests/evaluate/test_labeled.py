@@ -1,10 +1,8 @@
 """`flywheel eval` on a user's labeled JSONL: formats, refusals with line numbers, metrics from a judge."""
 
-import base64
-import io
 import json
 
-from PIL import Image
+from labeled_sets import pair, png_b64, point, write_jsonl
 from typer.testing import CliRunner
 
 from flywheel.cli import app
@@ -12,29 +10,13 @@ from flywheel.engines.base import TextEngine, TextResult
 from flywheel.evaluate.labeled import evaluate_labeled, load_labeled
 
 
-def _b64():
-    buf = io.BytesIO()
-    Image.new("RGB", (56, 56), "red").save(buf, format="PNG")
-    return base64.b64encode(buf.getvalue()).decode()
-
-
-PROMPT = {"task": "iu", "subtask": "iu_color", "query": "What colour is the circle?", "images": [_b64()]}
+PROMPT = {"task": "iu", "subtask": "iu_color", "query": "What colour is the circle?", "images": [png_b64()]}
 
 
 def _write(tmp_path):
-    lines = [
-        {"type": "pointwise", "prompt": PROMPT, "response": {"text": "Red."}, "score": 5},
-        {"type": "pointwise", "prompt": PROMPT, "response": {"text": "Blue."}, "score": 1},
-        {"type": "pairwise", "prompt": PROMPT, "response_a": {"text": "Red."}, "response_b": {"text": "Blue."},
-         "winner": "A"},
-        {"type": "pairwise", "prompt": PROMPT, "response_a": {"text": "x"}, "response_b": {"text": "y"},
-         "winner": "tie"},
-        {"type": "pointwise", "prompt": PROMPT, "response": {"text": "Red."}, "score": 9},
-        {"type": "ranking"},
-    ]
-    path = tmp_path / "labels.jsonl"
-    path.write_text("\n".join(json.dumps(x) for x in lines) + "\nnot json\n")
-    return path
+    lines = [point(PROMPT, "Red.", 5), point(PROMPT, "Blue.", 1), pair(PROMPT, "Red.", "Blue.", "A"),
+             pair(PROMPT, "x", "y", "tie"), point(PROMPT, "Red.", 9), {"type": "ranking"}]
+    return write_jsonl(tmp_path / "labels.jsonl", lines, "not json\n")
 
 
 class SaysRedIsRight(TextEngine):

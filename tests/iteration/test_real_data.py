@@ -7,8 +7,6 @@ ratings of their held-out answers. Every stage runs and nothing is taken from th
 No remote API is reachable from these machines: a local chat-completions server stands in for the teacher (it
 rates a response by its length, so ratings differ; tests/chat_server.py). The models are the tiny random zoo."""
 
-import base64
-import io
 import json
 import subprocess
 import sys
@@ -16,8 +14,8 @@ from pathlib import Path
 
 import pytest
 from chat_server import ChatServer, completion
+from labeled_sets import pair, png_b64, point, write_jsonl
 from mlflow import MlflowClient
-from PIL import Image
 
 from flywheel.config import REPO_ROOT, load_config
 from flywheel.datasets import read_dataset
@@ -52,28 +50,15 @@ class Teacher(ChatServer):
         return web.json_response(completion(body["model"], answer))
 
 
-def _png(colour: str) -> str:
-    buf = io.BytesIO()
-    Image.new("RGB", (56, 56), colour).save(buf, format="PNG")
-    return base64.b64encode(buf.getvalue()).decode()
-
-
 def _write_data(root: Path) -> tuple[Path, Path]:
     colours = ["red", "blue", "green", "yellow", "white", "black", "orange", "purple"]
-    rows = [{"task": "iu", "subtask": "vqa", "query": f"What colour is picture {i}?", "images": [_png(c)],
+    rows = [{"task": "iu", "subtask": "vqa", "query": f"What colour is picture {i}?", "images": [png_b64(c)],
              "split": "id-test" if i >= 6 else "train"} for i, c in enumerate(colours)]
     rows += [{"task": "ig", "subtask": "text_to_image", "query": f"Draw a {c} square.", "images": [],
               "split": "id-test" if i >= 4 else "train"} for i, c in enumerate(colours[:6])]
-    prompts = root / "prompts.jsonl"
-    prompts.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    q = {"task": "iu", "subtask": "vqa", "query": "What colour is this?", "images": [_png("red")]}
-    labels = [{"type": "pointwise", "prompt": q, "response": {"text": "Red."}, "score": 5},
-              {"type": "pointwise", "prompt": q, "response": {"text": "Blue."}, "score": 1},
-              {"type": "pairwise", "prompt": q, "response_a": {"text": "It is red."}, "response_b": {"text": "Green."},
-               "winner": "A"}]
-    gold = root / "gold.jsonl"
-    gold.write_text("".join(json.dumps(x) + "\n" for x in labels))
-    return prompts, gold
+    q = {"task": "iu", "subtask": "vqa", "query": "What colour is this?", "images": [png_b64("red")]}
+    return write_jsonl(root / "prompts.jsonl", rows), write_jsonl(
+        root / "gold.jsonl", [point(q, "Red.", 5), point(q, "Blue.", 1), pair(q, "It is red.", "Green.", "A")])
 
 
 def test_an_iteration_on_user_prompts_takes_nothing_from_the_oracle_world(tmp_path):

@@ -3,14 +3,12 @@ layout beside the oracle world's splits, quarantines the file's bad lines with t
 when the file changes, and meta-eval scores a judge against those labels (labelled pairs ordered by the judge's
 own ratings of their outputs)."""
 
-import base64
-import io
 import json
 import sys
 
 import pytest
 import ray
-from PIL import Image
+from labeled_sets import pair, png_b64, point, write_jsonl
 
 from flywheel.config import load_config
 from flywheel.datasets import read_dataset, read_manifest, read_quarantine
@@ -20,29 +18,15 @@ from flywheel.evaluate.labeled import UNLABELLED
 from flywheel.stages import gold, prompts
 
 
-def _b64() -> str:
-    buf = io.BytesIO()
-    Image.new("RGB", (56, 56), "red").save(buf, format="PNG")
-    return base64.b64encode(buf.getvalue()).decode()
-
-
-PROMPT = {"task": "iu", "subtask": "iu_color", "query": "What colour is the circle?", "images": [_b64()]}
-LINES = [
-    {"type": "pointwise", "prompt": PROMPT, "response": {"text": "Red."}, "score": 5},
-    {"type": "pointwise", "prompt": PROMPT, "response": {"text": "Blue."}, "score": 1},
-    {"type": "pointwise", "prompt": PROMPT, "response": {"text": "A red circle."}, "score": 2},
-    # outputs without pointwise labels: the judge's ratings of them order the pair
-    {"type": "pairwise", "prompt": PROMPT, "response_a": {"text": "A red one."}, "response_b": {"text": "Green."},
-     "winner": "A"},
-    # a labeller's choice the judge below disagrees with
-    {"type": "pairwise", "prompt": PROMPT, "response_a": {"text": "Blue."}, "response_b": {"text": "Red."},
-     "winner": "A"},
-    {"type": "pairwise", "prompt": PROMPT, "response_a": {"text": "x"}, "response_b": {"text": "y"}, "winner": "tie"},
-]
+PROMPT = {"task": "iu", "subtask": "iu_color", "query": "What colour is the circle?", "images": [png_b64()]}
+LINES = [point(PROMPT, "Red.", 5), point(PROMPT, "Blue.", 1), point(PROMPT, "A red circle.", 2),
+         pair(PROMPT, "A red one.", "Green.", "A"),  # outputs without pointwise labels: its ratings order them
+         pair(PROMPT, "Blue.", "Red.", "A"),  # a labeller's choice the judge below disagrees with
+         pair(PROMPT, "x", "y", "tie")]
 
 
 def _write(path, lines) -> None:
-    path.write_text("\n".join(json.dumps(x) for x in lines) + "\nnot json\n")
+    write_jsonl(path, lines, "not json\n")
 
 
 class PrefersRed(TextEngine):
