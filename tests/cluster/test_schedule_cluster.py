@@ -36,6 +36,7 @@ def _records(work: Path) -> list[dict]:
     return [json.loads(line) for line in (work / "schedule" / "decisions.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow  # 26-37 s on 2 cores; the default suite keeps the two quicker schedule tests below
 def test_schedule_resumes_a_failed_iteration_first_and_never_overlaps(local_ray_cluster, tmp_path):
     name = f"sched-{uuid.uuid4().hex[:6]}"  # this test's jobs only, whatever else the cluster ran
     (tmp_path / "fail-once-0").touch()  # iteration 0 fails its first attempt

@@ -25,6 +25,10 @@ OVER_OPTIMISING = [
 ]
 
 
+# The over-optimising training all these tests read takes 48-73 s on 2 cores: over the default suite's ~30 s rule
+pytestmark = pytest.mark.slow
+
+
 @pytest.fixture(scope="module")
 def collapsed(ray_local, make_cfg, datasets):
     cfg = make_cfg(*OVER_OPTIMISING)
@@ -98,7 +102,7 @@ def test_a_guarded_drop_refuses_promotion_without_reaching_the_gate(collapsed):
     assert tag.startswith("refused by its training: guard"), tag
 
 
-@pytest.mark.slow  # ~50 s on 2 cores (a second training and two downstream evaluations)
+# ~50 s more on 2 cores (a second training and two downstream evaluations)
 def test_two_methods_side_by_side_the_unrefused_one_is_gated_and_the_comparison_logged(collapsed, make_cfg,
                                                                                          datasets):
     """[dpo, bon_sft] on the same pairs: the guard refused the DPO run, so best-of-N SFT (trained blind here)

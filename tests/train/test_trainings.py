@@ -169,6 +169,7 @@ def test_diffusion_dpo_lora_on_the_unet(ray_local, make_cfg, datasets):
     assert out.ok and out.image.size == (56, 56)
 
 
+@pytest.mark.slow  # 36-38 s on 2 cores
 def test_nan_loss_stops_the_run_and_registers_nothing(ray_local, make_cfg, datasets):
     cfg = make_cfg("train.judge_sft.lr=1e30", "train.judge_sft.max_steps=6")
     before = registry.latest_version(cfg, "judge")
