@@ -226,6 +226,7 @@ class JudgeProbe:
         self.protocols = {t: ["pointwise", *(["claims"] if "claims" in cfg.judgments.protocols.get(t, []) else [])]
                           for t in ("iu", "ig")}
         gcfg = cfg.model_copy(deep=True)
+        gcfg.meta_eval.gold_files = {}  # fresh oracle prompts' gold, never the gate's human labels
         gcfg.world.gold.splits = ["id-test"]
         gcfg.world.gold.prompts_per_subtask = heldout.items
         gcfg.world.gold.protocols = self.protocols

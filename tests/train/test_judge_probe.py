@@ -26,6 +26,15 @@ def test_judge_dpo_guard_reads_ratings_as_the_flywheel_does(readout, logprobs):
     assert len({c["prompt_id"] for c in probe.candidates}) == len(probe.prompts) == cfg.train.judge_dpo.heldout.items
 
 
+def test_the_probe_rates_fresh_oracle_outputs_even_where_the_gate_reads_human_gold(tmp_path):
+    labels = tmp_path / "labels.jsonl"  # a human gold file for the gate's meta-eval: not the probe's business
+    labels.write_text('{"type": "ranking"}\n')
+    cfg = load_config(REPO_ROOT / "configs" / "local.yaml", [f"meta_eval.gold_files={{id-test: {labels}}}"])
+    probe = JudgeProbe(cfg, cfg.train.judge_dpo.heldout, seed=0)
+    assert len(probe.prompts) == cfg.train.judge_dpo.heldout.items and probe.gold
+    assert {p["source"] for p in probe.prompts} != {"labeled"}
+
+
 CLAIMS = ["judgments.protocols.iu=[pointwise, pairwise, claims]"]
 
 
