@@ -98,21 +98,19 @@ def _no_truth(role: str, judge: str | None) -> None:
                          f"truth: only the judge can score them (gate.{role}_metric: judge/pointwise/score)")
 
 
-def _policy(cfg: Config, ref: str, judge: str | None = None) -> Downstream:
+def _policy(cfg: Config, ref: str, judge: str | None = None, held: list[dict] | None = None) -> Downstream:
     from flywheel.engines.hf import HFTextEngine
     from flywheel.models.zoo import resolve_model_path
-    from flywheel.stages.candidates import TEXT_TASKS, policy_request
+    from flywheel.stages.candidates import policy_request
     from flywheel.worlds.shapes import policy_eval as pe
 
     gen = cfg.policy.generation.model_copy(update={"temperature": 0.0})  # greedy: the policy's own answer
     engine = HFTextEngine(resolve_model_path(ModelRef(path=ref), cfg), gen)
-    if cfg.preferences.sources:  # real data: its held-out prompts, rated by the judge alone
-        _no_truth("policy", judge)
-        prompts = heldout_prompts(cfg, TEXT_TASKS)
-        results = engine.generate([policy_request(p) for p in prompts], seed=cfg.run.seed)
+    if held is not None:  # real data: its held-out prompts, rated by the judge alone
+        results = engine.generate([policy_request(p) for p in held], seed=cfg.run.seed)
         del engine
-        out = Downstream({"items": float(len(prompts))})
-        _add_judge_scores(cfg, judge, out, prompts, [{"output_text": r.text if r.ok else ""} for r in results])
+        out = Downstream({"items": float(len(held))})
+        _add_judge_scores(cfg, judge, out, held, [{"output_text": r.text if r.ok else ""} for r in results])
         return out
     world = cfg.world.shapes
     items, results = pe.answer_text_items(engine, world, cfg.gate.eval_items, cfg.run.seed)
@@ -125,7 +123,7 @@ def _policy(cfg: Config, ref: str, judge: str | None = None) -> Downstream:
     return out
 
 
-def _generator(cfg: Config, ref: str, judge: str | None = None) -> Downstream:
+def _generator(cfg: Config, ref: str, judge: str | None = None, held: list[dict] | None = None) -> Downstream:
     from flywheel.engines.diffusion import DiffusersImageEngine
     from flywheel.images import to_png_bytes
     from flywheel.models.zoo import resolve_model_path
@@ -134,15 +132,13 @@ def _generator(cfg: Config, ref: str, judge: str | None = None) -> Downstream:
 
     engine = DiffusersImageEngine(resolve_model_path(ModelRef(path=ref), cfg), cfg.generator.generation)
     world, seed = cfg.world.shapes, cfg.run.seed
-    if cfg.preferences.sources:  # real data: its held-out drawing prompts, rated by the judge alone
-        from flywheel.stages.candidates import IMAGE_TASKS, generator_request
+    if held is not None:  # real data: its held-out drawing prompts, rated by the judge alone
+        from flywheel.stages.candidates import generator_request
 
-        _no_truth("generator", judge)
-        prompts = heldout_prompts(cfg, IMAGE_TASKS)
-        results = engine.generate([generator_request(p, seed * 100_003 + i) for i, p in enumerate(prompts)])
+        results = engine.generate([generator_request(p, seed * 100_003 + i) for i, p in enumerate(held)])
         del engine
-        out = Downstream({"items": float(len(prompts))})
-        _add_judge_scores(cfg, judge, out, prompts,
+        out = Downstream({"items": float(len(held))})
+        _add_judge_scores(cfg, judge, out, held,
                           [{"output_images": [to_png_bytes(r.image)] if r.ok else []} for r in results])
         return out
     specs, results = pe.draw_generator_items(engine, world, cfg.gate.eval_items, seed, kinds)
@@ -171,13 +167,14 @@ def _add_judge_scores(cfg: Config, judge: str, out: Downstream, prompts: list[di
     out.per_item |= per_item
 
 
-def _remote(fn, cfg: Config, ref: str, judge: str | None) -> Downstream:
+def _remote(fn, cfg: Config, ref: str, judge: str | None, held: list[dict] | None) -> Downstream:
     import ray
 
     from flywheel.raycluster import init_ray, remote_options
 
     init_ray(cfg)
-    return ray.get(ray.remote(fn).options(**remote_options(cfg.resources.candidates)).remote(cfg, ref, judge))
+    task = ray.remote(fn).options(**remote_options(cfg.resources.candidates))
+    return ray.get(task.remote(cfg, ref, judge, held))
 
 
 def _identity(cfg: Config, ref: str) -> str | None:
@@ -194,15 +191,19 @@ def _identity(cfg: Config, ref: str) -> str | None:
 
 
 def _cached(role: str, fn, cfg: Config, ref: str, judge: str | None) -> Downstream:
+    held = None
+    if cfg.preferences.sources:  # read here, in the driver: the files need not be on the node that evaluates
+        from flywheel.stages.candidates import IMAGE_TASKS, TEXT_TASKS
+
+        _no_truth(role, judge)
+        held = heldout_prompts(cfg, TEXT_TASKS if role == "policy" else IMAGE_TASKS)
     model = _identity(cfg, ref)
     scorer = "oracle" if judge is None else _identity(cfg, judge)  # a judge's scores are its own
     if model is None or scorer is None:
-        return _remote(fn, cfg, ref, judge)
+        return _remote(fn, cfg, ref, judge, held)
     setting = cfg.stage_hash(f"downstream-{role}")  # the held-out items and the decoding
-    if cfg.preferences.sources:  # real data's held-out prompts are the files' (their contents, their sub-tasks)
-        from flywheel.sources import files_digest
-
-        setting += f"|{files_digest([s.path for s in cfg.preferences.sources])}|{cfg.preferences.subtasks}"
+    if held is not None:  # real data's held-out prompts are the files' (their contents, their sub-tasks)
+        setting += "|" + hashlib.sha256(json.dumps(sorted(p["prompt_id"] for p in held)).encode()).hexdigest()
     # an oracle-only result keeps the key it always had
     judged = "" if judge is None else f"|{scorer}|{cfg.stage_hash('downstream-judge')}|{JUDGE_SCORING_VERSION}"
     key = hashlib.sha256(f"{SCORING_VERSION}|{setting}|{model}{judged}".encode()).hexdigest()[:16]
@@ -211,7 +212,7 @@ def _cached(role: str, fn, cfg: Config, ref: str, judge: str | None) -> Downstre
         kept = json.loads(storage.read_bytes(uri))
         log.info("%s %s: evaluated earlier on the same items (%s)", role, ref, uri)
         return Downstream(kept["metrics"], kept["per_item"])
-    result = _remote(fn, cfg, ref, judge)
+    result = _remote(fn, cfg, ref, judge, held)
     storage.write_bytes(uri, json.dumps({"ref": ref, "model": model, "judge": judge, **asdict(result)}).encode())
     return result
 

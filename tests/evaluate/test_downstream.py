@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 import ray
+from tiny_iteration import ZOO_MODELS
 
-from flywheel.config import ModelRef
+from flywheel.config import REPO_ROOT, ModelRef, load_config
 from flywheel.evaluate import downstream
 from flywheel.models.zoo import resolve_model_path
 
@@ -49,7 +50,7 @@ def test_a_hash_named_model_is_evaluated_once_per_setting(ray_local, small, role
 def test_a_plain_path_may_change_under_its_name_and_is_always_evaluated(small, monkeypatch):
     path = resolve_model_path(ModelRef(path="zoo:policy"), small)
     calls = []
-    monkeypatch.setattr(downstream, "_remote", lambda fn, cfg, ref, judge: calls.append(ref) or
+    monkeypatch.setattr(downstream, "_remote", lambda fn, cfg, ref, judge, held: calls.append(ref) or
                         downstream.Downstream({"accuracy": 0.5}, {"accuracy": [1.0, 0.0]}))
     for _ in range(2):
         downstream.evaluate_policy_ref(small, path)
@@ -142,3 +143,30 @@ def test_the_judge_rates_a_policys_answer_as_the_candidates_stage_stores_it(smal
     metrics, per_item = JudgeScorer(small, Spy(small.teacher, small.world.shapes)).score_items(
         prompts, [{"output_text": " Yes.\n"} for _ in items])
     assert shown == ["Yes."] * len(items) and len(per_item["judge/pointwise/score"]) == len(items)
+
+
+def test_real_datas_held_out_prompts_are_read_in_the_driver_and_key_the_kept_result(small, tmp_path, monkeypatch):
+    from labeled_sets import write_jsonl
+
+    def prompts_file(queries):
+        return write_jsonl(tmp_path / "p.jsonl", [{"task": "nlg", "subtask": "summarization", "query": q,
+                                                    "split": s} for q, s in queries])
+
+    path = prompts_file([("Sum up a.", "train"), ("Sum up b.", "id-test"), ("Sum up c.", "id-test")])
+    c = load_config(REPO_ROOT / "configs" / "local.yaml", [
+        f"run.workdir={small.run.workdir}", *ZOO_MODELS, f"storage.uri={tmp_path / 'data'}", "gate.eval_items=10",
+        f"preferences.sources=[{{type: jsonl, path: {path}}}]", "preferences.subtasks=[summarization]",
+        "gate.policy_metric=judge/pointwise/score", "gate.generator_metric=judge/pointwise/score",
+        "train.policy_dpo.heldout=null", "train.diffusion_dpo.heldout=null"])
+    calls = []  # the node that evaluates gets the prompts themselves: it may not see the driver's files
+    monkeypatch.setattr(downstream, "_remote", lambda fn, cfg, ref, judge, held: calls.append(
+        sorted(p["query"] for p in held)) or downstream.Downstream({"items": 2.0}, {"judge/pointwise/score": [4, 5]}))
+    for _ in range(2):
+        downstream.evaluate_policy_ref(c, "zoo:policy", judge="zoo:judge")
+    assert calls == [["Sum up b.", "Sum up c."]]  # kept, then read back: the same model on the same prompts
+    prompts_file([("Sum up a.", "train"), ("Sum up b.", "id-test"), ("Sum up d.", "id-test")])
+    downstream.evaluate_policy_ref(c, "zoo:policy", judge="zoo:judge")
+    assert calls[-1] == ["Sum up b.", "Sum up d."]  # other held-out prompts: evaluated again
+    with pytest.raises(ValueError, match="no ground truth: only the judge can score them"):
+        downstream.evaluate_policy_ref(c, "zoo:policy")  # refused in the driver, before any model is loaded
+    assert len(calls) == 2
