@@ -49,10 +49,18 @@ class ClusterClient:
 
     def client(self):
         """A Jobs SDK client. The bearer header is passed explicitly: this pytest process may have read
-        RAY_AUTH_MODE long before (Ray caches it), so the environment alone is not enough here."""
+        RAY_AUTH_MODE long before (Ray caches it), so the environment alone is not enough here. Made without
+        RAY_ADDRESS / RAY_API_SERVER_ADDRESS, which the SDK prefers to the address it is given: an embedded Ray
+        an earlier test started in this process (flywheel.raycluster.start_embedded) leaves RAY_ADDRESS naming
+        it, and the client then waited for that gone GCS and failed."""
+        from unittest import mock
+
         from ray.job_submission import JobSubmissionClient
 
-        return JobSubmissionClient(self.dashboard_url, headers={"Authorization": f"Bearer {self.token}"})
+        with mock.patch.dict(os.environ):
+            for name in ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS"):
+                os.environ.pop(name, None)
+            return JobSubmissionClient(self.dashboard_url, headers={"Authorization": f"Bearer {self.token}"})
 
     def wait_for_job(self, submission_id: str, timeout: float) -> str:
         client, deadline = self.client(), time.time() + timeout
