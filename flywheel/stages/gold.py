@@ -37,6 +37,7 @@ from flywheel.datasets import Manifest, MissingManifest, read_dataset, read_mani
 from flywheel.engines.base import TextEngine
 from flywheel.evaluate.labeled import gold_rows, load_labeled
 from flywheel.records import with_ids
+from flywheel.sources import files_digest
 from flywheel.stages.judgments import JudgmentsCore, judgment_stats
 from flywheel.worlds.shapes.assessment import NoGroundTruth, load_meta
 from flywheel.worlds.shapes.gold import gold_candidates
@@ -166,15 +167,8 @@ def _stage_hash(cfg: Config) -> str:
     files = cfg.meta_eval.gold_files
     if not files:
         return h
-    digests = {split: _file_sha(path) for split, path in sorted(files.items())}
+    digests = {split: files_digest([path]) for split, path in sorted(files.items())}  # a missing one: build names it
     return hashlib.sha256(json.dumps([h, digests]).encode()).hexdigest()[:16]
-
-
-def _file_sha(path: str) -> str | None:
-    try:
-        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
-    except FileNotFoundError:
-        return None  # build_gold names the missing file
 
 
 def _up_to_date(output_uri: str, split: str, stage_hash: str, upstream: Manifest) -> dict[str, Manifest] | None:

@@ -15,8 +15,8 @@ import numpy as np
 from flywheel.aspects import AspectTree
 from flywheel.config import Config
 from flywheel.datasets import Manifest, MissingManifest, read_dataset, read_manifest, write_dataset
-from flywheel.sources import files_digest, read_sources
 from flywheel.records import with_ids
+from flywheel.sources import files_digest, read_sources
 from flywheel.stages.runner import StageResult
 
 log = logging.getLogger(__name__)

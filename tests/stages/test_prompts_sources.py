@@ -15,14 +15,14 @@ REAL = ["gate.policy_metric=judge/pointwise/score", "gate.generator_metric=judge
         "train.policy_dpo.heldout=null", "train.diffusion_dpo.heldout=null"]
 
 
-def _file(tmp_path, n_train=5, n_test=3, extra=()):
+def _file(tmp_path, n_train=5, n_test=3):
     rows = [{"task": "nlg", "subtask": "summarization", "query": f"Summarise text {i}.",
              "split": "train" if i < n_train else "id-test"} for i in range(n_train + n_test)]
     rows += [{"task": "ig", "subtask": "text_to_image", "query": f"Draw thing {i}.", "split": "train"}
              for i in range(4)] + [{"task": "ig", "subtask": "text_to_image", "query": "Draw a cat.",
                                     "split": "id-test"}]
     path = tmp_path / "prompts.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in [*rows, *extra]) + "not json\n")
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows) + "not json\n")
     return path
 
 
