@@ -90,3 +90,11 @@ def test_a_prompt_file_edited_in_place_is_read_again(tmp_path):
 def test_settings_that_would_ask_the_oracle_about_user_prompts_are_refused_by_name(over, named):
     with pytest.raises(Exception, match=r"prompts without ground truth: .*" + named.replace("[", r"\[")):
         load_config(None, ["train.judge_dpo.heldout=null", *over])
+
+
+def test_a_role_without_held_out_prompts_is_named(tmp_path):
+    c = _cfg(tmp_path, _file(tmp_path), "preferences.subtasks=[summarization]")  # no drawing sub-task at all
+    with pytest.raises(ValueError, match=r"no id-test prompt of the tasks \['ig'\] to evaluate on"):
+        heldout_prompts(c, ("ig",))
+    with pytest.raises(ValueError, match=r"preferences.subtasks \['summarization'\]: no id-test-split prompt"):
+        heldout_prompts(_cfg(tmp_path, _file(tmp_path, n_test=0), "preferences.subtasks=[summarization]"), ("nlg",))
