@@ -15,6 +15,11 @@ from flywheel.config import Config, StageResources
 log = logging.getLogger(__name__)
 
 _EMBEDDED_ADDRESS: str | None = None  # the address of the embedded Ray this process started, if any
+# Set beside RAY_ADDRESS by start_embedded and inherited with it by every child process: a RAY_ADDRESS equal to it
+# names an embedded Ray (maybe shut down, maybe a parent's), never a cluster to join. Ray has no shutdown hook to
+# unset RAY_ADDRESS with, so a process that ran an embedded Ray (a test session, a user's script) would otherwise
+# hand its child processes an address of a GCS that is gone.
+EMBEDDED_ENV = "FLYWHEEL_EMBEDDED_RAY_ADDRESS"
 
 
 def free_port() -> int:
@@ -41,14 +46,18 @@ def worker_env() -> dict:
     return {"worker_process_setup_hook": worker_logging.HOOK}
 
 
+def cluster_address_from_env() -> str | None:
+    """RAY_ADDRESS, unless it is one an embedded Ray set (this process's or a parent's; see EMBEDDED_ENV)."""
+    env = os.environ.get("RAY_ADDRESS")
+    return env if env and env != os.environ.get(EMBEDDED_ENV) else None
+
+
 def init_ray(cfg: Config) -> None:
     """Join the configured cluster, or start an embedded Ray when `ray.address` is null. Idempotent."""
     if ray.is_initialized():
         return
-    # A job started by `ray job submit` runs inside the cluster: RAY_ADDRESS is set and must win (unless it is
-    # the address of an embedded Ray this process started earlier and has shut down).
-    env = os.environ.get("RAY_ADDRESS")
-    address = cfg.ray.address or (env if env and env != _EMBEDDED_ADDRESS else None)
+    # A job started by `ray job submit` runs inside the cluster: RAY_ADDRESS is set and must win
+    address = cfg.ray.address or cluster_address_from_env()
     if address is not None:
         ray.init(address=address, log_to_driver=True, runtime_env=worker_env())
     else:
@@ -65,7 +74,8 @@ def start_embedded(num_cpus: int | None, *, log_to_driver: bool = True, runtime_
     global _EMBEDDED_ADDRESS
     port = free_port()
     os.environ["RAY_GCS_SERVER_PORT"] = str(port)
-    _EMBEDDED_ADDRESS = os.environ["RAY_ADDRESS"] = f"{ray.util.get_node_ip_address()}:{port}"
+    address = f"{ray.util.get_node_ip_address()}:{port}"
+    _EMBEDDED_ADDRESS = os.environ["RAY_ADDRESS"] = os.environ[EMBEDDED_ENV] = address
     try:
         ray.init(address="local", num_cpus=num_cpus, include_dashboard=True, dashboard_port=0,
                  log_to_driver=log_to_driver, runtime_env=runtime_env)

@@ -418,10 +418,19 @@ def config_relative_to(config: Path, working_dir: Path) -> str:
 
 def make_client(address: str | None):
     """A Jobs API client with this cluster's token (see auth_headers)."""
-    address = address or os.environ.get("RAY_API_SERVER_ADDRESS") or os.environ.get("RAY_ADDRESS")
+    from ray.job_submission import JobSubmissionClient
+
+    from flywheel.raycluster import cluster_address_from_env
+
+    address = address or os.environ.get("RAY_API_SERVER_ADDRESS") or cluster_address_from_env()
     if not address:
         raise ScheduleError("no cluster: give --address http://<head>:8265 (the dashboard / Jobs API), or set "
                             "RAY_API_SERVER_ADDRESS")
-    from ray.job_submission import JobSubmissionClient
-
-    return JobSubmissionClient(address, headers=auth_headers())
+    stale = os.environ.get("RAY_ADDRESS") if cluster_address_from_env() is None else None
+    if stale:  # the SDK prefers RAY_ADDRESS to the address it is given: hide one an embedded Ray left behind
+        os.environ.pop("RAY_ADDRESS")
+    try:
+        return JobSubmissionClient(address, headers=auth_headers())
+    finally:
+        if stale:
+            os.environ["RAY_ADDRESS"] = stale

@@ -23,8 +23,9 @@ def flywheel_ray(cfg):
     # later test's init_ray would take an address an earlier embedded Ray left behind for a cluster to join
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(raycluster, "_EMBEDDED_ADDRESS", raycluster._EMBEDDED_ADDRESS)
-        mp.setenv("RAY_ADDRESS", "")  # tracked, so that leaving removes the address init_ray sets
-        mp.delenv("RAY_ADDRESS")
+        for name in ("RAY_ADDRESS", raycluster.EMBEDDED_ENV):
+            mp.setenv(name, "")  # tracked, so that leaving removes the address init_ray sets
+            mp.delenv(name)
         init_ray(cfg.model_copy(update={"ray": cfg.ray.model_copy(update={"address": None, "num_cpus": 1})}))
         yield
         ray.shutdown()
@@ -50,6 +51,37 @@ def test_every_worker_of_a_flywheel_ray_shows_info_lines_once(flywheel_ray):
             return _flywheel_logging()
 
     assert ray.get(Actor.remote().level.remote()) == (logging.INFO, 1)
+
+
+def test_an_embedded_rays_address_reaches_its_workers_but_never_makes_a_child_join_it(flywheel_ray):
+    """Ray Train's placement-group cleaner (a worker) finds its dashboard through RAY_ADDRESS, so the embedded Ray's
+    workers need it; a child process that inherits it (a test's `flywheel run`, once failed in CI with "Failed to
+    connect to Ray cluster" after an earlier test's embedded Ray was shut down) must start its own Ray instead."""
+    gcs = ray.get_runtime_context().gcs_address
+    assert os.environ["RAY_ADDRESS"] == os.environ[raycluster.EMBEDDED_ENV] == gcs
+    assert ray.get(ray.remote(lambda: os.environ.get("RAY_ADDRESS")).remote()) == gcs
+    assert raycluster.cluster_address_from_env() is None
+    child = subprocess.run([sys.executable, "-c", "from flywheel.raycluster import cluster_address_from_env as f; "
+                            "print(f())"], capture_output=True, text=True, check=True)
+    assert child.stdout.strip() == "None"
+
+
+def test_a_cluster_address_in_the_environment_is_joined(monkeypatch):
+    monkeypatch.setenv(raycluster.EMBEDDED_ENV, "10.0.0.1:6379")
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.2:6379")  # a cluster's (a `ray job submit` job's), not the embedded
+    assert raycluster.cluster_address_from_env() == "10.0.0.2:6379"
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
+    assert raycluster.cluster_address_from_env() is None
+
+
+def test_the_scheduler_never_takes_an_embedded_rays_address_for_a_cluster(monkeypatch):
+    from flywheel.schedule import ScheduleError, make_client
+
+    monkeypatch.delenv("RAY_API_SERVER_ADDRESS", raising=False)
+    monkeypatch.setenv(raycluster.EMBEDDED_ENV, "10.0.0.1:6379")
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
+    with pytest.raises(ScheduleError, match="no cluster"):
+        make_client(None)
 
 
 def test_worker_logging_setup_writes_each_line_once_to_stderr():
