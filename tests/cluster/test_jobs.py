@@ -86,7 +86,8 @@ def test_iteration_job_records_an_iteration_with_its_stages_in_mlflow(local_ray_
     assert (j["work"] / "data" / "iterations" / "000" / "prompts").is_dir()
 
 
-@pytest.mark.slow  # ~45 s more on top of the iteration it reuses; the default suite keeps the iteration only
+# In the default suite, beside the iteration it reuses (~25-45 s more): alone in the slow suite it paid for that
+# iteration a second time (~190 s here, more in CI)
 def test_eval_job_judges_a_labeled_set_with_the_judge_the_iteration_registered(local_ray_cluster,
                                                                               tiny_iteration_job, tmp_path):
     j = tiny_iteration_job
