@@ -39,3 +39,14 @@ def test_run_refuses_no_iterations_before_touching_the_workdir(tmp_path):
     r = runner.invoke(app, ["run", "--iterations", "0", f"run.workdir={tmp_path}/w"])
     assert r.exit_code == 2 and "--iterations 0: must be at least 1" in r.output, r.output
     assert not (tmp_path / "w").exists()
+
+
+def test_serve_detach_refuses_the_address_an_embedded_ray_left_behind(monkeypatch, tmp_path):
+    """A process started by one that ran an embedded Ray inherits its RAY_ADDRESS (raycluster.EMBEDDED_ENV marks
+    it): that is no cluster to leave the app on, so --detach is refused before any Ray starts."""
+    from flywheel import raycluster
+
+    monkeypatch.setenv(raycluster.EMBEDDED_ENV, "10.0.0.1:6379")
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
+    r = runner.invoke(app, ["serve", "--detach", f"run.workdir={tmp_path}/w"])
+    assert r.exit_code == 2 and "--detach needs a Ray cluster" in r.output, r.output

@@ -26,7 +26,6 @@ def serve_command(config: ConfigOpt = Path("configs/local.yaml"), overrides: Ove
                   detach: DetachOpt = None) -> None:
     """Serve the judge model (Ray Serve): judging routes, OpenAI-compatible chat completions, /healthz."""
     import logging
-    import os
     import signal
     import threading
 
@@ -37,7 +36,9 @@ def serve_command(config: ConfigOpt = Path("configs/local.yaml"), overrides: Ove
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     console = Console(soft_wrap=True)
     cfg = load_or_exit(config, overrides, console)
-    joined = bool(cfg.ray.address or os.environ.get("RAY_ADDRESS"))
+    from flywheel.raycluster import cluster_address_from_env
+
+    joined = bool(cfg.ray.address or cluster_address_from_env())  # not an embedded Ray's address a parent left
     if detach is None:
         detach = joined
     if detach and not joined:
