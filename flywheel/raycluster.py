@@ -15,10 +15,12 @@ from flywheel.config import Config, StageResources
 log = logging.getLogger(__name__)
 
 _EMBEDDED_ADDRESS: str | None = None  # the address of the embedded Ray this process started, if any
-# Set beside RAY_ADDRESS by start_embedded and inherited with it by every child process: a RAY_ADDRESS equal to it
-# names an embedded Ray (maybe shut down, maybe a parent's), never a cluster to join. Ray has no shutdown hook to
-# unset RAY_ADDRESS with, so a process that ran an embedded Ray (a test session, a user's script) would otherwise
-# hand its child processes an address of a GCS that is gone.
+# The addresses of the embedded Rays this process and its parents started (commas between them), extended by
+# start_embedded and inherited by every child process: a RAY_ADDRESS among them names an embedded Ray (maybe shut
+# down, maybe a parent's), never a cluster to join. Ray has no shutdown hook to unset RAY_ADDRESS with, so a
+# process that ran an embedded Ray (a test session, a user's script) would otherwise hand its child processes an
+# address of a GCS that is gone, and ray.init waits for it. All of them, not the last: code that puts an earlier
+# RAY_ADDRESS back (a test fixture) must not make it a cluster's.
 EMBEDDED_ENV = "FLYWHEEL_EMBEDDED_RAY_ADDRESS"
 
 
@@ -49,7 +51,7 @@ def worker_env() -> dict:
 def cluster_address_from_env() -> str | None:
     """RAY_ADDRESS, unless it is one an embedded Ray set (this process's or a parent's; see EMBEDDED_ENV)."""
     env = os.environ.get("RAY_ADDRESS")
-    return env if env and env != os.environ.get(EMBEDDED_ENV) else None
+    return env if env and env not in os.environ.get(EMBEDDED_ENV, "").split(",") else None
 
 
 def init_ray(cfg: Config) -> None:
@@ -74,8 +76,8 @@ def start_embedded(num_cpus: int | None, *, log_to_driver: bool = True, runtime_
     global _EMBEDDED_ADDRESS
     port = free_port()
     os.environ["RAY_GCS_SERVER_PORT"] = str(port)
-    address = f"{ray.util.get_node_ip_address()}:{port}"
-    _EMBEDDED_ADDRESS = os.environ["RAY_ADDRESS"] = os.environ[EMBEDDED_ENV] = address
+    _EMBEDDED_ADDRESS = os.environ["RAY_ADDRESS"] = f"{ray.util.get_node_ip_address()}:{port}"
+    os.environ[EMBEDDED_ENV] = ",".join(filter(None, [os.environ.get(EMBEDDED_ENV), _EMBEDDED_ADDRESS]))
     try:
         ray.init(address="local", num_cpus=num_cpus, include_dashboard=True, dashboard_port=0,
                  log_to_driver=log_to_driver, runtime_env=runtime_env)

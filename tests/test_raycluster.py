@@ -67,9 +67,14 @@ def test_an_embedded_rays_address_reaches_its_workers_but_never_makes_a_child_jo
 
 
 def test_a_cluster_address_in_the_environment_is_joined(monkeypatch):
-    monkeypatch.setenv(raycluster.EMBEDDED_ENV, "10.0.0.1:6379")
+    # two embedded Rays were started (a parent's, then this process's)
+    monkeypatch.setenv(raycluster.EMBEDDED_ENV, "10.0.0.1:6379,10.0.0.1:7000")
     monkeypatch.setenv("RAY_ADDRESS", "10.0.0.2:6379")  # a cluster's (a `ray job submit` job's), not the embedded
     assert raycluster.cluster_address_from_env() == "10.0.0.2:6379"
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:7000")
+    assert raycluster.cluster_address_from_env() is None
+    # an earlier embedded Ray's address put back (a test fixture restoring RAY_ADDRESS alone) is no cluster either:
+    # taken for one, it made the smoke test wait for a gone GCS
     monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
     assert raycluster.cluster_address_from_env() is None
 
