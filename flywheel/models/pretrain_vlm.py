@@ -10,6 +10,7 @@ batch 32, a few minutes).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import tempfile
 import time
@@ -27,11 +28,18 @@ Examples = Callable[[np.random.Generator, int], list[dict]]  # TRL rows: images,
 
 
 def pretrain_vlm(base: str | Path, out: str | Path, examples: Examples, cfg: PolicyPretrainConfig,
-                    seed: int = 0) -> dict:
-    """SFT the random VLM at `base` on `steps * batch_size` fresh examples; save a standard checkpoint."""
+                 seed: int = 0, state_dir: str | Path | None = None) -> dict:
+    """SFT the random VLM at `base` on `steps * batch_size` fresh examples; save a standard checkpoint. With
+    `state_dir`, the Trainer checkpoints there ten times a run and a run killed earlier goes on from its last
+    checkpoint (transformers' own resume: weights, optimizer, scheduler, RNG and the data position)."""
     from datasets import Dataset
     from transformers import AutoModelForImageTextToText, AutoProcessor
     from trl import SFTConfig, SFTTrainer
+
+    from flywheel.train.hf import FullWeightsResume
+
+    class Trainer(FullWeightsResume, SFTTrainer):
+        pass
 
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
@@ -45,16 +53,30 @@ def pretrain_vlm(base: str | Path, out: str | Path, examples: Examples, cfg: Pol
         from flywheel.models.vision import freeze_vision
 
         log.info("pretrain: vision encoder and projector frozen (%d parameters)", freeze_vision(model))
-    with tempfile.TemporaryDirectory() as tmp:
+    with contextlib.ExitStack() as stack:
+        output_dir = str(state_dir) if state_dir else stack.enter_context(tempfile.TemporaryDirectory())
+        every = max(cfg.steps // 10, 1)
         args = SFTConfig(
-            output_dir=tmp, max_steps=cfg.steps, per_device_train_batch_size=cfg.batch_size,
+            output_dir=output_dir, max_steps=cfg.steps, per_device_train_batch_size=cfg.batch_size,
             learning_rate=cfg.lr, lr_scheduler_type="cosine", warmup_steps=cfg.warmup_steps,
             bf16=False, use_cpu=True, max_length=None, activation_checkpointing=False, report_to=[],
-            logging_steps=max(cfg.steps // 10, 1), save_strategy="no", seed=seed, dataloader_num_workers=0,
+            logging_steps=every, save_strategy="steps" if state_dir else "no", save_steps=every,
+            save_total_limit=2, seed=seed, dataloader_num_workers=0,
         )
-        trainer = SFTTrainer(model=model, args=args, train_dataset=data, processing_class=processor)
-        result = trainer.train()
+        resume = last_checkpoint(output_dir) if state_dir else None
+        if resume:
+            log.info("pretrain: going on from %s", resume)
+        trainer = Trainer(model=model, args=args, train_dataset=data, processing_class=processor)
+        result = trainer.train(resume_from_checkpoint=resume)
     model.save_pretrained(str(out))
     processor.save_pretrained(str(out))
     return {"sft_loss": float(result.training_loss), "examples_seconds": make_s,
             "train_seconds": time.perf_counter() - t0 - make_s}
+
+
+def last_checkpoint(output_dir: str | Path) -> str | None:
+    """The Trainer's latest complete checkpoint in `output_dir`: trainer_state.json is the last file it writes,
+    so a checkpoint killed while saving is passed over (transformers' get_last_checkpoint would take it)."""
+    done = [d for d in Path(output_dir).glob("checkpoint-*") if (d / "trainer_state.json").is_file()
+            and d.name.removeprefix("checkpoint-").isdigit()]
+    return str(max(done, key=lambda d: int(d.name.removeprefix("checkpoint-")))) if done else None

@@ -168,11 +168,25 @@ def length_grouped_trainer(base_cls):
     return LengthGroupedTrainer
 
 
+class FullWeightsResume:
+    """Put before a transformers Trainer class in the bases: a resumed full fine-tune gets all its checkpointed
+    weights back (see load_checkpoint_weights)."""
+
+    def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
+        model = model if model is not None else self.model
+        # PEFT adapters load by name, and a checkpoint without a model config (FSDP, DeepSpeed shards) is not
+        # save_pretrained's: the Trainer's own path is right for both
+        if _unwrap_peft(model) is not None or not os.path.isfile(os.path.join(resume_from_checkpoint,
+                                                                              "config.json")):
+            return super()._load_from_checkpoint(resume_from_checkpoint, model)
+        load_checkpoint_weights(model, resume_from_checkpoint)
+
+
 def flywheel_trainer(base_cls):
     """A subclass of a TRL trainer that logs each step's sample ids and feeds the NaN guard (and draws its
     batches as length_grouped_trainer does)."""
 
-    class FlywheelTrainer(length_grouped_trainer(base_cls)):
+    class FlywheelTrainer(FullWeightsResume, length_grouped_trainer(base_cls)):
         _fw_steps = None
         _fw_guard: NonFiniteGuard | None = None
 
@@ -184,15 +198,6 @@ def flywheel_trainer(base_cls):
             if self._fw_guard is not None:
                 self._fw_guard.observe(loss)
             return loss
-
-        def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
-            model = model if model is not None else self.model
-            # PEFT adapters load by name, and a checkpoint without a model config (FSDP, DeepSpeed shards) is not
-            # save_pretrained's: the Trainer's own path is right for both
-            if _unwrap_peft(model) is not None or not os.path.isfile(os.path.join(resume_from_checkpoint,
-                                                                                  "config.json")):
-                return super()._load_from_checkpoint(resume_from_checkpoint, model)
-            load_checkpoint_weights(model, resume_from_checkpoint)
 
     FlywheelTrainer.__name__ = f"Flywheel{base_cls.__name__}"
     return FlywheelTrainer

@@ -320,3 +320,69 @@ def test_judge_look_up_phases_train_and_name_a_new_base(cfg, zoo, small, tmp_pat
     path, metrics = build_base_judge(zoo["judge"], tmp_path, cfg.world.shapes, looked, seed=0)
     assert metrics["iu_color/sft_loss"] > 0 and metrics["sft_loss"] > 0
     assert sorted(p.name for p in tmp_path.iterdir()) == [path.name]  # no phase checkpoint left behind
+
+
+class Killed(Exception):
+    """Stands in for the SIGKILL of a build's Ray task (as the iteration's kill-and-resume test does for real)."""
+
+
+def test_a_killed_base_build_goes_on_where_it_stopped(cfg, zoo, small, tmp_path, monkeypatch, caplog):
+    """A base takes up to ~2 hours on 2 cores: a run killed in its SFT keeps its vision pretraining and goes on
+    from its last complete Trainer checkpoint, and ends with the weights of a build never killed."""
+    import logging
+
+    import torch
+    import trl
+    from safetensors.torch import load_file
+
+    from flywheel.worlds.shapes import base_policies
+
+    seeing = small.model_copy(update={"policy_vision": {"steps": 2, "batch_size": 4, "eval_images": 4},
+                                      "policy": small.policy.model_copy(update={"steps": 4})})
+    seeing = BasePoliciesConfig.model_validate(seeing.model_dump())
+    reference, ref_metrics = build_base_policy(zoo["policy"], tmp_path / "a", cfg.world.shapes, seeing, seed=0)
+
+    step = trl.SFTTrainer.training_step
+
+    def dies_after_step_2(self, *args, **kwargs):
+        if self.state.global_step == 2:  # checkpoints 1 and 2 are written (one every step at 4 steps)
+            raise Killed
+        return step(self, *args, **kwargs)
+
+    with monkeypatch.context() as m:
+        m.setattr(trl.SFTTrainer, "training_step", dies_after_step_2)
+        with pytest.raises(Killed):
+            build_base_policy(zoo["policy"], tmp_path / "b", cfg.world.shapes, seeing, seed=0)
+    (tmp,) = (tmp_path / "b").iterdir()
+    assert tmp.name.endswith(".tmp") and (tmp / "vision" / ".complete").is_file()
+    (tmp / "sft-state" / "checkpoint-3").mkdir()  # a checkpoint killed while being written: passed over
+
+    visions = []
+    monkeypatch.setattr(base_policies, "pretrain_vision", lambda *a, **k: visions.append(a))
+    with caplog.at_level(logging.INFO):
+        resumed, metrics = build_base_policy(zoo["policy"], tmp_path / "b", cfg.world.shapes, seeing, seed=0)
+    assert visions == []  # the vision pretraining the killed run finished is not redone
+    assert f"going on from {tmp / 'sft-state' / 'checkpoint-2'}" in caplog.text
+    assert metrics["vision/object_cells"] == ref_metrics["vision/object_cells"]
+    assert sorted(p.name for p in (tmp_path / "b").iterdir()) == [resumed.name]
+    assert not (resumed / "vision").exists() and not (resumed / "sft-state").exists()
+    want, got = load_file(reference / "model.safetensors"), load_file(resumed / "model.safetensors")
+    assert want.keys() == got.keys()
+    for name in want:
+        assert torch.equal(want[name], got[name]), name
+
+
+def test_a_build_that_is_not_resumable_starts_from_nothing(tmp_path):
+    from flywheel.worlds.shapes.base_policies import _build
+
+    def train(tmp):
+        found = sorted(p.name for p in tmp.iterdir()) if tmp.is_dir() else []
+        tmp.mkdir(exist_ok=True)
+        return {"found": found}
+
+    (tmp_path / "base.tmp").mkdir()
+    (tmp_path / "base.tmp" / "left-over").write_text("x")
+    assert _build(tmp_path / "base", train)[1]["found"] == []  # the generator's build: no partial state to trust
+    (tmp_path / "other.tmp").mkdir()
+    (tmp_path / "other.tmp" / "left-over").write_text("x")
+    assert _build(tmp_path / "other", train, resume=True)[1]["found"] == ["left-over"]

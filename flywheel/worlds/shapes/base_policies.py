@@ -36,7 +36,9 @@ def _hash(*parts: object) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
-def _build(out: Path, train) -> tuple[Path, dict]:
+def _build(out: Path, train, resume: bool = False) -> tuple[Path, dict]:
+    """`train(tmp)` builds into `out`.tmp, renamed to `out` when done. With `resume`, the temp folder a killed build
+    left is kept for `train` to go on from (see _see_then_talk); otherwise a build starts from nothing."""
     if (out / ".complete").exists():
         metrics = json.loads((out / ".complete").read_text())
         built_with, here = metrics.get("torch_threads"), torch.get_num_threads()
@@ -46,7 +48,10 @@ def _build(out: Path, train) -> tuple[Path, dict]:
                         "build here would end elsewhere; delete the folder to rebuild)", out, built_with, here)
         return out, metrics
     tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
+    if resume and tmp.is_dir():
+        log.info("base model %s: going on from the build a killed run left in %s", out.name, tmp)
+    else:
+        shutil.rmtree(tmp, ignore_errors=True)
     # The weights of a seeded build depend on the thread count and the CPU kernels' instruction set (AVX512 vs
     # AVX2 sum in other orders): kept beside the metrics so two builds can be compared.
     metrics = train(tmp) | {"torch_threads": torch.get_num_threads(),
@@ -57,24 +62,38 @@ def _build(out: Path, train) -> tuple[Path, dict]:
     return out, metrics
 
 
+def _step(marker: Path, run) -> dict:
+    """One step of a build, skipped when a killed build finished it: `run()` saves its model and returns its
+    stats, which `marker` keeps (written last, so a step killed while saving is run again)."""
+    if marker.exists():
+        log.info("%s: done by an earlier run of this build", marker.parent.name)
+        return json.loads(marker.read_text())
+    stats = run()
+    marker.write_text(json.dumps(stats, sort_keys=True))
+    return stats
+
+
 def _see_then_talk(zoo: Path, out: Path, task, vision: VisionPretrainConfig, examples,
                    sft: PolicyPretrainConfig, seed: int, phases: tuple = ()) -> dict:
     """Vision pretraining (skipped at 0 steps), then SFT phases (name, examples, settings) one after another,
-    then the VLM SFT from their result."""
+    then the VLM SFT from their result. Resumable (a base takes up to ~2 hours on 2 cores): a step a killed build
+    finished is kept, and the SFTs go on from their last Trainer checkpoint."""
     stats, start, done = {}, zoo, []
     if vision.steps:
-        start = out / "vision"  # inside the build's temp folder: a killed build's retry removes it with the folder
-        stats |= pretrain_vision(zoo, start, task, vision, seed)
+        start = out / "vision"  # inside the build's temp folder, removed once the build is done
+        stats |= _step(start / ".complete", lambda: pretrain_vision(zoo, start, task, vision, seed))
         done.append(start)
     for name, rows, settings in phases:
         phase = out / f"phase-{name}"
         log.info("%s: SFT phase %s (%d steps)", out.name.removesuffix(".tmp"), name, settings.steps)
-        stats |= {f"{name}/{k}": v for k, v in pretrain_vlm(start, phase, rows, settings, seed).items()}
+        stats |= {f"{name}/{k}": v for k, v in _step(phase / ".complete", lambda: pretrain_vlm(
+            start, phase, rows, settings, seed, state_dir=out / f"phase-{name}-state")).items()}
         start = phase
-        done.append(phase)
-    stats |= pretrain_vlm(start, out, examples, sft, seed)
-    for d in done:
-        shutil.rmtree(d)
+        done += [phase, out / f"phase-{name}-state"]
+    stats |= _step(out / ".sft-complete", lambda: pretrain_vlm(start, out, examples, sft, seed,
+                                                               state_dir=out / "sft-state"))
+    for d in done + [out / "sft-state"]:  # the marker stays: a build killed after this point skips the SFT
+        shutil.rmtree(d, ignore_errors=True)
     return stats
 
 
@@ -109,7 +128,8 @@ def build_base_policy(zoo_policy: Path, root: Path, world: ShapesWorldConfig, cf
     phases = _lookup_phases(world, cfg.policy_lookup, cfg.policy)
     log.info("base policy: LLaVA vision pretraining and SFT → %s", out)
     return _build(out, lambda tmp: _see_then_talk(zoo_policy, tmp, vision_task(world), cfg.policy_vision,
-                                                  llava_examples(world, cfg.faults), cfg.policy, seed, phases))
+                                                  llava_examples(world, cfg.faults), cfg.policy, seed, phases),
+                  resume=True)
 
 
 def _lookup_phases(world: ShapesWorldConfig, look: LookupCurriculumConfig, sft: PolicyPretrainConfig) -> tuple:
@@ -150,4 +170,4 @@ def build_base_judge(zoo_judge: Path, root: Path, world: ShapesWorldConfig, cfg:
                         if (k.startswith("accuracy") or k == "caption_recall") and not math.isnan(v)}
 
     log.info("base judge: Qwen2-VL vision pretraining and perception SFT → %s", out)
-    return _build(out, train)
+    return _build(out, train, resume=True)
