@@ -12,7 +12,9 @@ and clean: measured on the tiny LLaVA, the object cells' colour-and-shape class 
 
 from __future__ import annotations
 
+import json
 import logging
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -48,8 +50,10 @@ def cell_accuracy(pred: torch.Tensor, labels: torch.Tensor, background: int) -> 
 
 
 def pretrain_vision(base: str | Path, out: str | Path, task: CellTask, cfg: VisionPretrainConfig,
-                    seed: int = 0) -> dict:
-    """Train the vision side of the VLM at `base` on fresh images every step; save the whole VLM to `out`."""
+                    seed: int = 0, state_dir: str | Path | None = None) -> dict:
+    """Train the vision side of the VLM at `base` on fresh images every step; save the whole VLM to `out`. With
+    `state_dir`, the state is saved there ten times a run and a run killed earlier goes on from the last save,
+    ending where an uninterrupted run would."""
     from flywheel.train.hf import load_vlm
 
     torch.manual_seed(seed)
@@ -65,8 +69,11 @@ def pretrain_vision(base: str | Path, out: str | Path, task: CellTask, cfg: Visi
         opt, lambda s: min(1.0, (s + 1) / warm) * 0.5 * (1 + np.cos(np.pi * min(s, total) / total)))
     held_images, held_labels = task.make(np.random.default_rng([seed, 1]), cfg.eval_images, grid)
     rng, t0, loss = np.random.default_rng([seed, 0]), time.perf_counter(), torch.tensor(float("nan"))
+    state = _State(Path(state_dir), model, head, opt, sched, rng) if state_dir else None
+    first = state.restore() if state else 0
+    every = max(cfg.steps // 10, 1)
 
-    for step in range(cfg.steps):
+    for step in range(first, cfg.steps):
         images, labels = task.make(rng, cfg.batch_size, grid)
         logits = head(image_features(model, processor, images))
         loss = F.cross_entropy(logits.reshape(-1, len(task.classes)), torch.as_tensor(labels).reshape(-1),
@@ -76,8 +83,10 @@ def pretrain_vision(base: str | Path, out: str | Path, task: CellTask, cfg: Visi
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         sched.step()
-        if (step + 1) % max(cfg.steps // 10, 1) == 0:
+        if (step + 1) % every == 0:
             log.info("pretrain vision: step %d/%d loss %.4f", step + 1, cfg.steps, loss.item())
+            if state and step + 1 < cfg.steps:
+                state.save(step + 1)
     model.eval()
     with torch.no_grad():
         pred = head(image_features(model, processor, held_images)).argmax(-1)
@@ -88,3 +97,69 @@ def pretrain_vision(base: str | Path, out: str | Path, task: CellTask, cfg: Visi
     processor.save_pretrained(str(out))
     return {"vision_loss": float(loss.item()), "vision_seconds": time.perf_counter() - t0,
             **{f"vision/{k}": v for k, v in held.items()}}
+
+
+@dataclass
+class _State:
+    """What a run of pretrain_vision needs to go on exactly: the trained weights (the vision side and the head, as
+    safetensors), the optimizer and scheduler (torch.save of their state dicts, read back with weights_only), the
+    torch RNG and the image stream's numpy generator. One folder per save, renamed into place when complete."""
+
+    root: Path
+    model: torch.nn.Module
+    head: torch.nn.Module
+    opt: torch.optim.Optimizer
+    sched: object
+    rng: np.random.Generator
+
+    def _weights(self) -> dict[str, torch.Tensor]:
+        trained = {id(p) for g in self.opt.param_groups for p in g["params"]}
+        return {f"model.{n}": p for n, p in self.model.named_parameters() if id(p) in trained} | {
+            f"head.{n}": p for n, p in self.head.named_parameters()}
+
+    def save(self, step: int) -> None:
+        from safetensors.torch import save_file
+
+        tmp, final = self.root / f".step-{step}", self.root / f"step-{step}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        save_file({k: v.detach().contiguous() for k, v in self._weights().items()}, str(tmp / "weights.safetensors"))
+        torch.save(_plain({"opt": self.opt.state_dict(), "sched": self.sched.state_dict(),
+                           "torch_rng": torch.get_rng_state()}), tmp / "train_state.pt")
+        (tmp / "numpy_rng.json").write_text(json.dumps(self.rng.bit_generator.state))
+        tmp.rename(final)
+        for old in self.root.glob("step-*"):
+            if old != final:
+                shutil.rmtree(old)
+
+    def restore(self) -> int:
+        """The step the last save was made after (0: none), everything put back as it was then."""
+        from safetensors.torch import load_file
+
+        saves = sorted(self.root.glob("step-*"), key=lambda d: int(d.name.removeprefix("step-")))
+        if not saves:
+            return 0
+        last = saves[-1]
+        weights, loaded = self._weights(), load_file(str(last / "weights.safetensors"))
+        if weights.keys() != loaded.keys():
+            raise ValueError(f"{last}: saved weights {sorted(loaded)[:3]}... do not match this run's")
+        with torch.no_grad():
+            for name, p in weights.items():
+                p.copy_(loaded[name])
+        train_state = torch.load(last / "train_state.pt", weights_only=True)
+        self.opt.load_state_dict(train_state["opt"])
+        self.sched.load_state_dict(train_state["sched"])
+        torch.set_rng_state(train_state["torch_rng"])
+        self.rng.bit_generator.state = json.loads((last / "numpy_rng.json").read_text())
+        step = int(last.name.removeprefix("step-"))
+        log.info("pretrain vision: going on from step %d (%s)", step, last)
+        return step
+
+
+def _plain(x):
+    """numpy scalars (the schedule's learning rates) as Python numbers: torch.load(weights_only) refuses them."""
+    if isinstance(x, dict):
+        return {k: _plain(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return type(x)(_plain(v) for v in x)
+    return x.item() if isinstance(x, np.generic) else x

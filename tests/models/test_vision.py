@@ -67,6 +67,38 @@ def test_pretrain_vision_trains_the_vision_side_only_and_saves_a_loadable_vlm(zo
     load_vlm(str(tmp_path / "seen"))  # a standard checkpoint again
 
 
+class Killed(Exception):
+    """Stands in for the SIGKILL of a base build's Ray task."""
+
+
+def test_a_killed_vision_pretraining_goes_on_from_its_last_save_and_ends_alike(zoo, tmp_path, monkeypatch):
+    from safetensors.torch import load_file
+
+    from flywheel.models import pretrain_vision as pv
+
+    cfg = VisionPretrainConfig(steps=4, batch_size=4, eval_images=8, warmup_steps=1)  # a save after every step
+    want = pretrain_vision(zoo["policy"], tmp_path / "straight", _dot_task(), cfg, seed=0)
+    calls, features = [], pv.image_features
+
+    def dies_in_step_3(*args):
+        calls.append(1)
+        if len(calls) == 4:  # the grid probe, steps 1 and 2, then step 3
+            raise Killed
+        return features(*args)
+
+    with monkeypatch.context() as m:
+        m.setattr(pv, "image_features", dies_in_step_3)
+        with pytest.raises(Killed):
+            pretrain_vision(zoo["policy"], tmp_path / "resumed", _dot_task(), cfg, seed=0, state_dir=tmp_path / "s")
+    assert [d.name for d in (tmp_path / "s").iterdir()] == ["step-2"]  # the last save only
+    (tmp_path / "s" / ".step-3").mkdir()  # a save killed midway: never read
+    got = pretrain_vision(zoo["policy"], tmp_path / "resumed", _dot_task(), cfg, seed=0, state_dir=tmp_path / "s")
+    assert got["vision_loss"] == want["vision_loss"] and got["vision/object_cells"] == want["vision/object_cells"]
+    a = load_file(next((tmp_path / "straight").glob("*.safetensors")))
+    b = load_file(next((tmp_path / "resumed").glob("*.safetensors")))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
 def test_cell_accuracy_leaves_ignored_cells_out():
     labels = torch.tensor([[0, 1, IGNORE, 1]])
     pred = torch.tensor([[0, 0, 0, 1]])

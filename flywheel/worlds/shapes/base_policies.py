@@ -77,12 +77,13 @@ def _see_then_talk(zoo: Path, out: Path, task, vision: VisionPretrainConfig, exa
                    sft: PolicyPretrainConfig, seed: int, phases: tuple = ()) -> dict:
     """Vision pretraining (skipped at 0 steps), then SFT phases (name, examples, settings) one after another,
     then the VLM SFT from their result. Resumable (a base takes up to ~2 hours on 2 cores): a step a killed build
-    finished is kept, and the SFTs go on from their last Trainer checkpoint."""
+    finished is kept, and a step killed midway goes on from its last save."""
     stats, start, done = {}, zoo, []
     if vision.steps:
         start = out / "vision"  # inside the build's temp folder, removed once the build is done
-        stats |= _step(start / ".complete", lambda: pretrain_vision(zoo, start, task, vision, seed))
-        done.append(start)
+        stats |= _step(start / ".complete", lambda: pretrain_vision(zoo, start, task, vision, seed,
+                                                                    state_dir=out / "vision-state"))
+        done += [start, out / "vision-state"]
     for name, rows, settings in phases:
         phase = out / f"phase-{name}"
         log.info("%s: SFT phase %s (%d steps)", out.name.removesuffix(".tmp"), name, settings.steps)
