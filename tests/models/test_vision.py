@@ -99,6 +99,16 @@ def test_a_killed_vision_pretraining_goes_on_from_its_last_save_and_ends_alike(z
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_a_save_of_another_model_is_refused_by_name(zoo, tmp_path):
+    from safetensors.torch import save_file
+
+    (tmp_path / "s" / "step-1").mkdir(parents=True)
+    save_file({"head.weight": torch.zeros(2, 2)}, str(tmp_path / "s" / "step-1" / "weights.safetensors"))
+    cfg = VisionPretrainConfig(steps=2, batch_size=4, eval_images=8, warmup_steps=0)
+    with pytest.raises(ValueError, match="do not match"):
+        pretrain_vision(zoo["policy"], tmp_path / "out", _dot_task(), cfg, seed=0, state_dir=tmp_path / "s")
+
+
 def test_cell_accuracy_leaves_ignored_cells_out():
     labels = torch.tensor([[0, 1, IGNORE, 1]])
     pred = torch.tensor([[0, 0, 0, 1]])
