@@ -70,8 +70,22 @@ def pretrain_vlm(base: str | Path, out: str | Path, examples: Examples, cfg: Pol
         result = trainer.train(resume_from_checkpoint=resume)
     model.save_pretrained(str(out))
     processor.save_pretrained(str(out))
-    return {"sft_loss": float(result.training_loss), "examples_seconds": make_s,
+    start = int(Path(resume).name.removeprefix("checkpoint-")) if resume else 0
+    return {"sft_loss": run_loss(trainer.state.log_history, result.training_loss, start, result.global_step),
+            "examples_seconds": make_s,
             "train_seconds": time.perf_counter() - t0 - make_s}
+
+
+def run_loss(log_history: list[dict], call_loss: float, start: int, steps: int) -> float:
+    """The whole run's mean training loss. transformers averages only the steps trained in this call, so a run that
+    went on from step `start` adds the loss windows its checkpoint logged (their grid is the checkpoints')."""
+    earlier, last = 0.0, 0
+    for entry in log_history:
+        if "loss" in entry and entry["step"] <= start:
+            earlier, last = earlier + entry["loss"] * (entry["step"] - last), entry["step"]
+    if last != start:
+        raise ValueError(f"the checkpoint at step {start} logged losses only up to step {last}")
+    return (earlier + float(call_loss) * (steps - start)) / max(steps, 1)
 
 
 def last_checkpoint(output_dir: str | Path) -> str | None:

@@ -364,6 +364,7 @@ def test_a_killed_base_build_goes_on_where_it_stopped(cfg, zoo, small, tmp_path,
     assert visions == []  # the vision pretraining the killed run finished is not redone
     assert f"going on from {tmp / 'sft-state' / 'checkpoint-2'}" in caplog.text
     assert metrics["vision/object_cells"] == ref_metrics["vision/object_cells"]
+    assert metrics["sft_loss"] == pytest.approx(ref_metrics["sft_loss"], rel=1e-6)  # the whole run's, not 2 steps'
     assert sorted(p.name for p in (tmp_path / "b").iterdir()) == [resumed.name]
     assert not (resumed / "vision").exists() and not (resumed / "sft-state").exists()
     want, got = load_file(reference / "model.safetensors"), load_file(resumed / "model.safetensors")
@@ -386,3 +387,13 @@ def test_a_build_that_is_not_resumable_starts_from_nothing(tmp_path):
     (tmp_path / "other.tmp").mkdir()
     (tmp_path / "other.tmp" / "left-over").write_text("x")
     assert _build(tmp_path / "other", train, resume=True)[1]["found"] == ["left-over"]
+
+
+def test_a_resumed_sft_reports_the_whole_runs_loss():
+    from flywheel.models.pretrain_vlm import run_loss
+
+    history = [{"loss": 1.0, "step": 2}, {"loss": 3.0, "step": 4}, {"loss": 9.0, "step": 6}]  # 6: this call's
+    assert run_loss(history, 5.0, start=4, steps=6) == pytest.approx((2 * 1 + 2 * 3 + 2 * 5) / 6)
+    assert run_loss([], 5.0, start=0, steps=6) == 5.0
+    with pytest.raises(ValueError, match="step 3 logged losses only up to step 2"):
+        run_loss(history, 5.0, start=3, steps=6)
