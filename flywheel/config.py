@@ -574,10 +574,24 @@ class Config(StrictModel):
             if not self.preferences.sources:
                 errs.append("preferences.sources is empty, so the policies' preference prompts would be the oracle "
                             "world's: name the files")
-            if self.train.resolved("judge_dpo").heldout is not None:
-                errs.append("train.judge_dpo.heldout rates the oracle world's gold: set it to null")
+            heldout = self.train.resolved("judge_dpo").heldout
+            if heldout is not None and not heldout.gold_file:
+                errs.append("train.judge_dpo.heldout rates the oracle world's gold: set its gold_file to held-out "
+                            "human labels, or set it to null")
         if errs:
             raise ValueError("prompts without ground truth: " + "; ".join(errs))
+        return self
+
+    @model_validator(mode="after")
+    def _heldout_labels_are_not_the_gates(self) -> "Config":
+        # early stopping on the labels the gate then scores would pick the state that fits the test
+        heldout = self.train.resolved("judge_dpo").heldout
+        if heldout is not None and heldout.gold_file:
+            same = [s for s, f in self.meta_eval.gold_files.items()
+                    if Path(f).expanduser().resolve() == Path(heldout.gold_file).expanduser().resolve()]
+            if same:
+                raise ValueError(f"train.judge_dpo.heldout.gold_file {heldout.gold_file} is meta_eval.gold_files."
+                                 f"{same[0]}, the labels the gate scores the judge on: hold out other labels")
         return self
 
     @model_validator(mode="after")

@@ -53,8 +53,13 @@ def _record(kind: str, obj: dict, where: str, **extra) -> dict:
 def load_labeled(path: str | Path, split: str = "id-test") -> tuple[list[dict], list[str]]:
     """Items as {"type", "prompt", "candidates": [..], "gold", "line"}, their prompts in `split`; and the reasons
     of the lines that were refused."""
+    return parse_labeled(Path(path).read_text(encoding="utf-8"), split)
+
+
+def parse_labeled(text: str, split: str = "id-test") -> tuple[list[dict], list[str]]:
+    """load_labeled on a file's text."""
     items, refused = [], []
-    for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), start=1):
+    for n, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
         try:

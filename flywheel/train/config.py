@@ -94,6 +94,12 @@ class HeldoutConfig(StrictModel):
                               "teacher), a model reference; null: no judge curve.")
     max_new_tokens: int | None = Field(None, ge=1, description="Text models: longest held-out answer; null uses "
                                        "the role's generation.max_new_tokens.")
+    gold_file: str | None = Field(None, description="Judge DPO only: a labeled set in `flywheel eval --data`'s "
+                                  "format (human labels, held out from meta_eval.gold_files) the judge rates "
+                                  "instead of fresh oracle-world gold: the probe for real data, where the oracle "
+                                  "world has none. Each evaluation rates every output of the file (`items` does not "
+                                  "apply), and a labelled pair is ordered by its two ratings. Read by the driver, "
+                                  "which sends its items to the workers.")
 
 
 class GeneratorHeldoutConfig(HeldoutConfig):
@@ -237,6 +243,11 @@ class TrainConfig(StrictModel):
     def _every_training_resolves(self) -> TrainConfig:
         for training in TRAININGS:  # a setting that cannot work fails at load, not minutes into a run
             self.resolved(training)
+            heldout = getattr(getattr(self, training), "heldout", None)
+            if training != "judge_dpo" and heldout is not None and heldout.gold_file:
+                raise ValueError(f"train.{training}.heldout.gold_file: labeled sets are the judge's held-out "
+                                 "probe (train.judge_dpo.heldout); a policy's held-out answers are scored by "
+                                 "heldout.judge where no oracle scores them")
         return self
 
     def resolved(self, training: str, method: str | None = None) -> ResolvedTraining:

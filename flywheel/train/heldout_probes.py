@@ -202,10 +202,38 @@ class GeneratorProbe:
 
 
 class JudgeProbe:
-    """The judge being trained rates seeded gold outputs (pointwise) of fresh oracle prompts."""
+    """The judge being trained rates seeded gold outputs (pointwise) of fresh oracle prompts, or, with
+    `heldout.gold_file`, the outputs of a labeled set (human labels held out from the gate's gold)."""
 
-    def __init__(self, cfg, heldout, seed: int):
+    def __init__(self, cfg, heldout, seed: int, gold_text: str | None = None):
         from flywheel.records import with_ids
+
+        if heldout.gold_file:  # its text read by the driver (TrainJob.heldout_gold): no worker needs the path
+            if gold_text is None:
+                raise ValueError(f"train.judge_dpo.heldout.gold_file {heldout.gold_file}: the job carries no text")
+            self.protocols = {t: ["pointwise"] for t in ("iu", "ig")}  # labels carry no claim checks
+            self.prompts, self.candidates, judgments = labeled_heldout(gold_text, heldout.gold_file)
+        else:
+            self.prompts, self.candidates, judgments = self._oracle_gold(cfg, heldout, seed)
+        self.prompt_by_id = {p["prompt_id"]: p for p in self.prompts}
+        self.gold = {j["candidate_ids"][0]: j["score"] for j in judgments
+                     if j["protocol"] == "pointwise" and j["score"] is not None}
+        # labelled pairs, ordered by the judge's ratings of their two outputs as meta-eval orders them
+        self.gold_pairs = [(*j["candidate_ids"], j["verdict"]) for j in judgments if j["protocol"] == "pairwise"]
+        self.gold_claims = with_ids("judgment", [j for j in judgments if j["protocol"] == "claims"])
+        # Ratings are read as the flywheel reads them (judge.rating_readout), so the held-out target tracks the
+        # gate's metric. Measured on the three kept judge DPO updates of a 3-iteration local run: read from the
+        # written ratings (12 prompts, ~107 pairs) the probe rose in each (+0.03, +0.04, +0.01) while the gate's
+        # id-test ranking by expected ratings fell (-0.039, -0.005, -0.005); read as expected ratings over 40
+        # prompts (~360 pairs) it fell where the gate fell most (0.664 -> 0.634), stayed flat once (0.740 ->
+        # 0.742) and rose once (0.721 -> 0.761).
+        self.cfg = cfg
+        self.generation = cfg.judge.generation.model_copy(update={
+            "temperature": 0.0, "max_new_tokens": heldout.max_new_tokens or cfg.judge.generation.max_new_tokens,
+            "top_logprobs": cfg.judge.generation.top_logprobs if cfg.judge.rating_readout == "expected" else 0})
+
+    def _oracle_gold(self, cfg, heldout, seed: int) -> tuple[list[dict], list[dict], list[dict]]:
+        """Gold of fresh oracle prompts, disjoint from the suites' and the gate's (the world's noiseless labels)."""
         from flywheel.stages.gold import build_gold
         from flywheel.worlds.shapes.suites import make_prompt
 
@@ -231,20 +259,7 @@ class JudgeProbe:
         gcfg.world.gold.prompts_per_subtask = heldout.items
         gcfg.world.gold.protocols = self.protocols
         gold = build_gold(gcfg, prompts)["id-test"]
-        self.prompts, self.candidates = gold.prompts, gold.candidates
-        self.prompt_by_id = {p["prompt_id"]: p for p in gold.prompts}
-        self.gold = {j["candidate_ids"][0]: j["score"] for j in gold.judgments if j["protocol"] == "pointwise"}
-        self.gold_claims = with_ids("judgment", [j for j in gold.judgments if j["protocol"] == "claims"])
-        # Ratings are read as the flywheel reads them (judge.rating_readout), so the held-out target tracks the
-        # gate's metric. Measured on the three kept judge DPO updates of a 3-iteration local run: read from the
-        # written ratings (12 prompts, ~107 pairs) the probe rose in each (+0.03, +0.04, +0.01) while the gate's
-        # id-test ranking by expected ratings fell (-0.039, -0.005, -0.005); read as expected ratings over 40
-        # prompts (~360 pairs) it fell where the gate fell most (0.664 -> 0.634), stayed flat once (0.740 ->
-        # 0.742) and rose once (0.721 -> 0.761).
-        self.cfg = cfg
-        self.generation = cfg.judge.generation.model_copy(update={
-            "temperature": 0.0, "max_new_tokens": heldout.max_new_tokens or cfg.judge.generation.max_new_tokens,
-            "top_logprobs": cfg.judge.generation.top_logprobs if cfg.judge.rating_readout == "expected" else 0})
+        return gold.prompts, gold.candidates, gold.judgments
 
     def __call__(self, model, processor) -> dict[str, float]:
         engine = LiveTextEngine(model, processor, self.generation)
@@ -274,11 +289,15 @@ class JudgeProbe:
             by_prompt.setdefault(prompt_of[p.key], []).append(p)
         pairs = pairs_from_points((f"{a.key}|{b.key}", pid, a.gold, a.judged, b.gold, b.judged)
                                   for pid, ps in by_prompt.items() for i, a in enumerate(ps) for b in ps[i + 1:])
+        pairs += pairs_from_points((f"{a}|{b}", None, float(w == "A"), judged.get(a), float(w == "B"), judged.get(b))
+                                   for a, b, w in self.gold_pairs)
         point = pointwise_metrics(points)
         parsed = sum(1 for r in pointwise_rows if not r.get("parse_error"))
         out = {"pointwise/accuracy": point["exact"], "pointwise/kendall_tau_b": point["kendall_tau_b"],
                "pointwise/mae": point["mae"], "pairwise/accuracy": pairwise_metrics(pairs)["accuracy"],
-               "format_valid": parsed / len(self.gold)}  # the pointwise answers'; a missing one failed
+               "pairwise/n": float(len(pairs)),  # the pairs the accuracy stands on
+               # the pointwise answers' (every output is rated once); a missing one failed
+               "format_valid": parsed / len(self.candidates)}
         # always reported, undefined (NaN) for a judge not taught claims: a config may then guard them in any run
         # (a guard whose start is undefined guards nothing), and a misspelt measure is still refused
         checked = claim_metrics(self.gold_claims, res.rows, self.prompt_by_id, set(), set())
@@ -291,6 +310,21 @@ class JudgeProbe:
         return out
 
 
+def labeled_heldout(text: str, where: str) -> tuple[list[dict], list[dict], list[dict]]:
+    """A labeled set's text (`flywheel eval --data`'s format) as the probe's prompts, outputs and gold judgments;
+    `where` names the file in errors and logs."""
+    from flywheel.evaluate.labeled import gold_rows, parse_labeled
+
+    items, refused = parse_labeled(text)
+    if not items:
+        raise ValueError(f"train.judge_dpo.heldout.gold_file: {where} holds no valid item"
+                         + (f" ({len(refused)} refused, e.g. {refused[0]})" if refused else " (it is empty)"))
+    if refused:
+        log.warning("held-out: %d of %d lines of %s refused, e.g. %s", len(refused), len(refused) + len(items),
+                    where, refused[0])
+    return gold_rows(items, "labeled:heldout")
+
+
 def make_probe(ctx, judge=None):
     """The probe of the job's training (None when held-out evaluation is off)."""
     h = ctx.settings.heldout
@@ -300,7 +334,7 @@ def make_probe(ctx, judge=None):
     if ctx.job.training == "diffusion_dpo":
         return GeneratorProbe(ctx.cfg, h, seed, judge)
     if ctx.job.training == "judge_dpo":
-        return JudgeProbe(ctx.cfg, h, seed)
+        return JudgeProbe(ctx.cfg, h, seed, ctx.job.heldout_gold)
     return TextPolicyProbe(ctx.cfg, h, seed, judge)
 
 

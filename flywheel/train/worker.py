@@ -43,6 +43,7 @@ class TrainJob:
     lineage: dict = field(default_factory=dict)  # written into the export's flywheel.json
     method: str | None = None  # the update method (DPO trainings): dpo | dpo_sft | bon_sft; None: the configured
     heldout_judge: str | None = None  # the judge that also scores held-out outputs (resolved by the driver)
+    heldout_gold: str | None = None  # the text of train.judge_dpo.heldout.gold_file (read by the driver)
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -92,6 +92,16 @@ def test_settings_that_would_ask_the_oracle_about_user_prompts_are_refused_by_na
         load_config(None, ["train.judge_dpo.heldout=null", *over])
 
 
+def test_the_judge_dpo_of_real_data_is_probed_on_held_out_labels_or_not_at_all(tmp_path):
+    real = ["prompts.oracle_world=false", "teacher.engine=http", "world.gold.splits=[id-test]",
+            f"meta_eval.gold_files={{id-test: {tmp_path / 'gold.jsonl'}}}",
+            f"preferences.sources=[{{type: jsonl, path: {tmp_path / 'p.jsonl'}}}]", "preferences.subtasks=[vqa]", *REAL]
+    with pytest.raises(Exception, match="train.judge_dpo.heldout rates the oracle world's gold: set its gold_file"):
+        load_config(None, real)  # local defaults: a judge DPO probe on the oracle world
+    c = load_config(None, [*real, f"train.judge_dpo.heldout.gold_file={tmp_path / 'heldout.jsonl'}"])
+    assert c.train.resolved("judge_dpo").heldout.gold_file == str(tmp_path / "heldout.jsonl")
+
+
 def test_a_role_without_held_out_prompts_is_named(tmp_path):
     c = _cfg(tmp_path, _file(tmp_path), "preferences.subtasks=[summarization]")  # no drawing sub-task at all
     with pytest.raises(ValueError, match=r"no id-test prompt of the tasks \['ig'\] to evaluate on"):

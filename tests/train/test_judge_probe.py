@@ -90,3 +90,67 @@ def test_a_judge_without_claims_has_undefined_claim_measures_that_guard_nothing(
     tracker = HeldoutTracker.from_config(h)
     tracker.observe(0, m)  # the names check passes: every guarded measure is reported
     assert tracker.guard.violations({**m, "claims/format_valid": 0.0}) == []
+
+
+# ---- held-out human labels (train.judge_dpo.heldout.gold_file): the probe for data the oracle world never saw
+class RatesByWord(TextEngine):
+    """Rates an output 5 when it says "right", 1 otherwise, or answers prose when `parses` is off. A stand-in for
+    a trained judge (none can be trained inside a unit test); the probe reads any TextEngine the same way."""
+
+    name, version = "test:rates-by-word", "1"
+
+    def __init__(self, parses: bool = True):
+        self.parses = parses
+
+    def generate(self, requests, seed=0):
+        def rate(req):
+            text = req.context["candidates"][0]["output_text"]
+            return f"Analysis: checked.\nRating: {5 if 'right' in text else 1}" if self.parses else "No idea."
+        return [TextResult(text=rate(r)) for r in requests]
+
+
+def _labeled_probe(tmp_path, items):
+    from labeled_sets import pair, png_b64, point, write_jsonl
+
+    q = {"task": "iu", "subtask": "vqa", "query": "What colour is this?", "images": [png_b64("red")]}
+    rows = [point(q, "Red, the right one.", 5), point(q, "Blue.", 1), point(q, "Green.", 2),
+            pair(q, "Green.", "It is right: red.", "B"), pair(q, "Crimson, right.", "Pink.", "A")][:items]
+    path = write_jsonl(tmp_path / "heldout.jsonl", rows, tail="not json\n")
+    cfg = load_config(REPO_ROOT / "configs" / "local.yaml", [f"train.judge_dpo.heldout.gold_file={path}"])
+    return JudgeProbe(cfg, cfg.train.judge_dpo.heldout, seed=0, gold_text=path.read_text())
+
+
+def test_a_labeled_heldout_set_is_probed_instead_of_oracle_gold(tmp_path):
+    probe = _labeled_probe(tmp_path, 5)
+    assert {p["source"] for p in probe.prompts} == {"labeled"}  # the file's prompts, no oracle prompt
+    assert sorted(probe.gold.values()) == [1.0, 2.0, 5.0] and len(probe.gold_pairs) == 2
+    m = probe.score(RatesByWord())
+    # three point pairs (5>1, 5>2, 2>1: the last a tie at 1-1, wrong) and two labelled pairs ordered by ratings
+    assert m["pairwise/accuracy"] == pytest.approx(4 / 5)
+    assert m["format_valid"] == 1.0 and m["pointwise/accuracy"] == pytest.approx(2 / 3)
+    assert m["claims/n"] == 0  # labels carry no claim checks
+    broken = probe.score(RatesByWord(parses=False))  # parse failures are failures, never scores
+    assert broken["format_valid"] == 0.0 and broken["pairwise/accuracy"] == 0.0
+
+
+def test_a_heldout_set_with_pairs_only_is_rated_output_by_output(tmp_path):
+    probe = _labeled_probe(tmp_path, 5)
+    pairs = "".join(ln + "\n" for ln in (tmp_path / "heldout.jsonl").read_text().splitlines() if '"pairwise"' in ln)
+    pairs_only = JudgeProbe(probe.cfg, probe.cfg.train.judge_dpo.heldout, seed=0, gold_text=pairs)
+    assert pairs_only.gold == {} and len(pairs_only.candidates) == 4  # each output rated, against no label
+    m = pairs_only.score(RatesByWord())
+    assert m["pairwise/accuracy"] == 1.0 and m["format_valid"] == 1.0
+
+
+def test_a_heldout_gold_file_is_refused_where_it_cannot_work(tmp_path):
+    labels = tmp_path / "labels.jsonl"
+    labels.write_text("not json\n")
+    local = REPO_ROOT / "configs" / "local.yaml"
+    with pytest.raises(ValueError, match="labeled sets are the judge's held-out probe"):
+        load_config(local, [f"train.policy_dpo.heldout.gold_file={labels}"])
+    with pytest.raises(ValueError, match="the labels the gate scores the judge on"):
+        load_config(local, [f"train.judge_dpo.heldout.gold_file={labels}",
+                            f"meta_eval.gold_files={{id-test: {labels}}}"])
+    cfg = load_config(local, [f"train.judge_dpo.heldout.gold_file={labels}"])
+    with pytest.raises(ValueError, match=f"gold_file: {labels} holds no valid item \\(1 refused, e.g. line 1"):
+        JudgeProbe(cfg, cfg.train.judge_dpo.heldout, seed=0, gold_text=labels.read_text())
