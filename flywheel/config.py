@@ -563,8 +563,9 @@ class Config(StrictModel):
                 if not metric.startswith("judge/"):
                     errs.append(f"gate.{role}_metric {metric!r} is the oracle's, but the held-out prompts come from "
                                 "preferences.sources: use judge/pointwise/score")
-            errs += [f"train.{t}.heldout evaluates on the oracle world's items: set it to null"
-                     for t in ("policy_dpo", "diffusion_dpo") if self.train.resolved(t).heldout is not None]
+            errs += [f"train.{t}.heldout evaluates on the oracle world's items: set its prompts_file to held-out "
+                     "prompts (rated by heldout.judge), or set it to null" for t in ("policy_dpo", "diffusion_dpo")
+                     if (h := self.train.resolved(t).heldout) is not None and not h.prompts_file]
         if not self.prompts.oracle_world:
             if self.teacher.engine == "oracle":
                 errs.append("teacher.engine is oracle, which labels only the oracle world's prompts: use http")

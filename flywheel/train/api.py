@@ -22,6 +22,7 @@ from flywheel.config import Config, ModelRef
 from flywheel.datasets import read_manifest
 from flywheel.train import registry
 from flywheel.train.config import TRAININGS
+from flywheel.train.heldout_inputs import heldout_inputs, inputs_digest
 from flywheel.train.launcher import launch
 from flywheel.train.worker import TrainJob
 
@@ -103,24 +104,6 @@ def heldout_tags(final: dict) -> dict[str, str]:
             if f"heldout.{k}" in final}
 
 
-def read_heldout_gold(settings) -> str | None:
-    """The text of the judge's held-out labeled set, read here (the driver) and checked before any worker starts;
-    None without one."""
-    from pathlib import Path
-
-    from flywheel.train.heldout_probes import labeled_heldout
-
-    path = settings.heldout.gold_file if settings.heldout is not None else None
-    if not path:
-        return None
-    try:
-        text = Path(path).expanduser().read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise FileNotFoundError(f"train.{settings.training}.heldout.gold_file: no file at {path}") from None
-    labeled_heldout(text, path)  # a file with no valid item is refused now, by name
-    return text
-
-
 def train(cfg: Config, training: str, data: str, *, base: str | None = None, tracker=None, iteration: int = 0,
           register: bool = True, fresh: bool = False, run_name: str | None = None,
           method: str | None = None) -> TrainResult:
@@ -144,9 +127,9 @@ def train(cfg: Config, training: str, data: str, *, base: str | None = None, tra
              "workers": cfg.resources.train.actors}
     if judge_ref is not None:
         keyed["heldout_judge"] = judge_ref
-    heldout_gold = read_heldout_gold(settings)
-    if heldout_gold is not None:  # a file edited in place trains again
-        keyed["heldout_gold"] = hashlib.sha256(heldout_gold.encode()).hexdigest()[:16]
+    held = heldout_inputs(cfg, training, settings, judge_ref)  # the probe's files, read here: workers may be elsewhere
+    if held:
+        keyed["heldout_inputs"] = inputs_digest(held)
     run_key = _hash(keyed)
     name = run_name or f"{training.replace('_', '-')}-{settings.method + '-' if settings.method else ''}{run_key}"
     if fresh:
@@ -177,8 +160,7 @@ def train(cfg: Config, training: str, data: str, *, base: str | None = None, tra
         tracker.log_manifest(manifest)
         job = TrainJob(training=training, config=cfg.model_dump(mode="json"), data=data, base=base,
                        run_key=run_key, tracking_uri=cfg.tracking.uri, mlflow_run_id=run.info.run_id,
-                       lineage=lineage, method=settings.method, heldout_judge=judge_ref,
-                       heldout_gold=heldout_gold)
+                       lineage=lineage, method=settings.method, heldout_judge=judge_ref, **held)
         with tempfile.TemporaryDirectory(prefix="flywheel-train-") as tmp:
             res = launch(cfg, job, name, tmp)
             numeric = {f"final.{k}": float(v) for k, v in res.final.items()

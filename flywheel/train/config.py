@@ -56,6 +56,10 @@ class SFTTrainingConfig(TrainingOverrides):
 UpdateMethod = Literal["dpo", "dpo_sft", "bon_sft"]
 
 
+# What a probe on held-out prompts of the user's (heldout.prompts_file) measures besides the judge's `judge/...`
+PROMPTS_MEASURES = {"policy_dpo": {"repetition_rate", "mean_words", "items"}, "diffusion_dpo": {"items"}}
+
+
 class HeldoutConfig(StrictModel):
     """Held-out evaluation during an update: every `every_steps` the model being trained answers `items` seeded
     oracle-world items disjoint from its training prompts (and from the gate's); the best state by `target`
@@ -94,6 +98,13 @@ class HeldoutConfig(StrictModel):
                               "teacher), a model reference; null: no judge curve.")
     max_new_tokens: int | None = Field(None, ge=1, description="Text models: longest held-out answer; null uses "
                                        "the role's generation.max_new_tokens.")
+    prompts_file: str | None = Field(None, description="Text policy and generator: a JSONL or Parquet prompt file "
+                                     "(flywheel/sources.py's formats, by suffix) whose prompts of the role's tasks "
+                                     "(`items` of them, a seeded draw) the model answers at each evaluation instead "
+                                     "of the oracle world's items, rated by `judge` (required): the probe for real "
+                                     "data. Measures: `judge/<protocol>/score` and `/parse_failure_rate`; text also "
+                                     "`repetition_rate` and `mean_words`. None of its prompts may be in "
+                                     "preferences.sources (the training's and the gate's). Read by the driver.")
     gold_file: str | None = Field(None, description="Judge DPO only: a labeled set in `flywheel eval --data`'s "
                                   "format (human labels, held out from meta_eval.gold_files) the judge rates "
                                   "instead of fresh oracle-world gold: the probe for real data, where the oracle "
@@ -244,10 +255,23 @@ class TrainConfig(StrictModel):
         for training in TRAININGS:  # a setting that cannot work fails at load, not minutes into a run
             self.resolved(training)
             heldout = getattr(getattr(self, training), "heldout", None)
-            if training != "judge_dpo" and heldout is not None and heldout.gold_file:
+            if heldout is None:
+                continue
+            if training != "judge_dpo" and heldout.gold_file:
                 raise ValueError(f"train.{training}.heldout.gold_file: labeled sets are the judge's held-out "
-                                 "probe (train.judge_dpo.heldout); a policy's held-out answers are scored by "
-                                 "heldout.judge where no oracle scores them")
+                                 "probe (train.judge_dpo.heldout); a policy's takes heldout.prompts_file, rated "
+                                 "by heldout.judge")
+            if heldout.prompts_file and (training == "judge_dpo" or heldout.judge in (None, "oracle")):
+                raise ValueError(f"train.{training}.heldout.prompts_file: " + (
+                    "the judge's probe takes labels (heldout.gold_file)" if training == "judge_dpo" else
+                    f"its prompts have no ground truth, so heldout.judge must name a judge (it is "
+                    f"{heldout.judge!r}): champion, or a model reference"))
+            named = [heldout.target, *heldout.max_drop, *heldout.max_rise]
+            if heldout.prompts_file and (oracle := [m for m in named if not m.startswith("judge/")
+                                                    and m not in PROMPTS_MEASURES[training]]):
+                raise ValueError(f"train.{training}.heldout: {oracle} are the oracle world's measures, which its "
+                                 f"prompts_file's prompts have none of: use judge/<protocol>/score or "
+                                 f"{sorted(PROMPTS_MEASURES[training])}")
         return self
 
     def resolved(self, training: str, method: str | None = None) -> ResolvedTraining:

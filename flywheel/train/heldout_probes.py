@@ -143,12 +143,19 @@ class JudgeScorer:
 
 # ------------------------------------------------------------------------------------------- probes
 class TextPolicyProbe:
-    def __init__(self, cfg, heldout, seed: int, judge=None):
+    """Greedy answers to seeded oracle-world questions, or, with `prompts` (heldout.prompts_file's records, read
+    by the driver), to the user's held-out prompts, which only the judge scores."""
+
+    def __init__(self, cfg, heldout, seed: int, judge=None, prompts: list[dict] | None = None):
+        from flywheel.stages.candidates import policy_request
         from flywheel.worlds.shapes.policy_eval import HELDOUT_STREAM, text_items, text_requests
 
-        self.world = cfg.world.shapes
-        self.items = text_items(self.world, heldout.items, seed, stream=HELDOUT_STREAM)
-        self.requests = text_requests(self.items, self.world)
+        self.world, self.prompts = cfg.world.shapes, prompts
+        if prompts is None:
+            self.items = text_items(self.world, heldout.items, seed, stream=HELDOUT_STREAM)
+            self.requests = text_requests(self.items, self.world)
+        else:
+            self.requests = [policy_request(p) for p in prompts]
         gen = cfg.policy.generation
         self.generation = gen.model_copy(update={"temperature": 0.0,  # greedy: the policy's own answer
                                                  "max_new_tokens": heldout.max_new_tokens or gen.max_new_tokens})
@@ -156,26 +163,33 @@ class TextPolicyProbe:
         self.seed = seed
 
     def __call__(self, model, processor) -> dict[str, float]:
-        from flywheel.worlds.shapes.policy_eval import score_text_answers, text_prompt_records
+        from flywheel.worlds.shapes.policy_eval import score_text_answers, text_measures, text_prompt_records
 
         with evaluating(model):  # the judge samples too: inside, so the training's RNG stays untouched
             results = LiveTextEngine(model, processor, self.generation).generate(self.requests, seed=self.seed)
-            out = score_text_answers(self.items, results)
+            if self.prompts is None:
+                out = score_text_answers(self.items, results)
+            else:  # no ground truth: what any answer shows (a collapse into repetition), and the judge's ratings
+                out = text_measures(results) | {"items": float(len(results))}
             if self.judge is not None:
-                out |= self.judge(text_prompt_records(self.items, self.world),
-                                  [{"output_text": r.text if r.ok else ""} for r in results])
+                records = self.prompts or text_prompt_records(self.items, self.world)
+                out |= self.judge(records, [{"output_text": r.text if r.ok else ""} for r in results])
         return out
 
 
 class GeneratorProbe:
     KINDS = ("single", "binding", "relation")
 
-    def __init__(self, cfg, heldout, seed: int, judge=None):
+    def __init__(self, cfg, heldout, seed: int, judge=None, prompts: list[dict] | None = None):
+        from flywheel.stages.candidates import generator_request
         from flywheel.worlds.shapes.policy_eval import HELDOUT_IMAGE_STREAM, generator_items, image_requests
 
-        self.world = cfg.world.shapes
-        self.specs = generator_items(self.world, heldout.items, seed, self.KINDS, stream=HELDOUT_IMAGE_STREAM)
-        self.requests = image_requests(self.specs, seed)
+        self.world, self.prompts = cfg.world.shapes, prompts
+        if prompts is None:
+            self.specs = generator_items(self.world, heldout.items, seed, self.KINDS, stream=HELDOUT_IMAGE_STREAM)
+            self.requests = image_requests(self.specs, seed)
+        else:  # the user's held-out drawing prompts, which only the judge scores (seeded as the gate seeds them)
+            self.requests = [generator_request(p, seed * 100_003 + i) for i, p in enumerate(prompts)]
         gen = cfg.generator.generation
         steps = heldout.inference_steps or gen.num_inference_steps
         self.target_gen = gen.model_copy(update={"num_inference_steps": steps, "guidance_scale":
@@ -191,6 +205,12 @@ class GeneratorProbe:
 
         with evaluating(pipe.unet):  # the judge samples too: inside, so the training's RNG stays untouched
             results = LiveImageEngine(pipe, self.target_gen).generate(self.requests, seed=self.seed)
+            if self.prompts is not None:
+                out = {"items": float(len(results))}
+                if self.judge is not None:
+                    out |= self.judge(self.prompts, [{"output_images": [to_png_bytes(r.image)] if r.ok else []}
+                                                     for r in results])
+                return out
             out = score_images(self.specs, self.KINDS, results, self.world)
             if self.probe_gen is not None:
                 probe = LiveImageEngine(pipe, self.probe_gen).generate(self.requests, seed=self.seed)
@@ -332,10 +352,10 @@ def make_probe(ctx, judge=None):
         return None
     seed = ctx.cfg.run.seed
     if ctx.job.training == "diffusion_dpo":
-        return GeneratorProbe(ctx.cfg, h, seed, judge)
+        return GeneratorProbe(ctx.cfg, h, seed, judge, ctx.job.heldout_prompts)
     if ctx.job.training == "judge_dpo":
         return JudgeProbe(ctx.cfg, h, seed, ctx.job.heldout_gold)
-    return TextPolicyProbe(ctx.cfg, h, seed, judge)
+    return TextPolicyProbe(ctx.cfg, h, seed, judge, ctx.job.heldout_prompts)
 
 
 def make_judge_scorer(ctx):

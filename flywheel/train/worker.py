@@ -44,6 +44,7 @@ class TrainJob:
     method: str | None = None  # the update method (DPO trainings): dpo | dpo_sft | bon_sft; None: the configured
     heldout_judge: str | None = None  # the judge that also scores held-out outputs (resolved by the driver)
     heldout_gold: str | None = None  # the text of train.judge_dpo.heldout.gold_file (read by the driver)
+    heldout_prompts: list | None = None  # the records of train.<policy>.heldout.prompts_file (read by the driver)
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -28,12 +28,12 @@ class RecordedMetrics:
 
 class LocalContext:
     def __init__(self, cfg, training: str, data: str, base: str, local_dir: str, restore: str | None = None,
-                 method: str | None = None, heldout_judge: str | None = None):
+                 method: str | None = None, heldout_judge: str | None = None, heldout_prompts: list | None = None):
         from flywheel.train.worker import StepLog, StepTimer, TrainJob
 
         self.cfg, self.settings = cfg, cfg.train.resolved(training, method)
         self.job = TrainJob(training=training, config={}, data=data, base=base, run_key="test", method=method,
-                            heldout_judge=heldout_judge)
+                            heldout_judge=heldout_judge, heldout_prompts=heldout_prompts)
         self.seed, self.rank, self.world, self.is_main = cfg.run.seed, 0, 1, True
         self.steps, self.metrics, self.timer = StepLog(0, Path(local_dir).name), RecordedMetrics(), StepTimer()
         self.local_dir, self._restore, self.resumed_from = local_dir, restore, None

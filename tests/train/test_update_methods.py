@@ -59,7 +59,8 @@ def _assert_curves(ctx, steps: list[int], measures: set[str]):
     export, final, step = ctx.final
     assert [c["step"] for c in final["heldout.curves"]] == steps
     assert final["heldout.best_step"] in steps and final["heldout.evaluations"] == len(steps)
-    assert final["heldout.start_value"] == final["heldout.curves"][0][final["heldout.target"]]
+    start = final["heldout.curves"][0][final["heldout.target"]]
+    assert final["heldout.start_value"] == start or math.isnan(start) and math.isnan(final["heldout.start_value"])
     return export, final
 
 
@@ -102,6 +103,60 @@ def test_judge_dpo_heldout_rates_oracle_gold_and_counts_unparseable_ratings(zoo,
     _, final = _assert_curves(ctx, [0, 2], {"pairwise/accuracy", "pointwise/accuracy", "format_valid"})
     # the random zoo judge writes no "Rating:": every rating is a parse failure, recorded as such (not skipped)
     assert final["heldout.start.format_valid"] == 0.0 and final["heldout.start.pairwise/accuracy"] == 0.0
+
+
+def _user_prompts(tmp_path):
+    """A user's held-out prompts (flywheel/sources.py's JSONL), read as the driver reads them."""
+    from labeled_sets import png_b64, write_jsonl
+
+    from flywheel.train.heldout_inputs import read_heldout_prompts
+
+    rows = [{"task": "iu", "subtask": "vqa", "query": f"What colour is picture {i}?", "images": [png_b64(c)]}
+            for i, c in enumerate(["red", "blue", "green"])]
+    rows += [{"task": "ig", "subtask": "text_to_image", "query": f"Draw a {c} square.", "images": []}
+             for c in ("red", "blue")]
+    path = str(write_jsonl(tmp_path / "heldout-prompts.jsonl", rows))
+    return path, lambda cfg, training: read_heldout_prompts(cfg, training, path, items=10)
+
+
+def test_llava_update_probed_on_user_prompts_rated_by_the_judge_alone(zoo, cfg, text_pairs, tmp_path):
+    from flywheel.train import dpo
+
+    path, read = _user_prompts(tmp_path)
+    c = _cfg(cfg, "train.policy_dpo.max_steps=2", "train.policy_dpo.heldout.every_steps=2",
+             f"train.policy_dpo.heldout.prompts_file={path}", "train.policy_dpo.heldout.judge=zoo:judge",
+             "train.policy_dpo.heldout.target=judge/pointwise/score", "train.policy_dpo.heldout.max_drop={}",
+             "train.policy_dpo.heldout.min_steps=0")
+    prompts = read(c, "policy_dpo")
+    assert [p["task"] for p in prompts] == ["iu"] * 3  # the text policy's tasks only
+    ctx = LocalContext(c, "policy_dpo", text_pairs["policy"], str(zoo["policy"]), str(tmp_path),
+                       heldout_judge="zoo:judge", heldout_prompts=prompts)
+    dpo.worker(ctx)
+    _, final = _assert_curves(ctx, [0, 2], {"repetition_rate", "mean_words", "judge/pointwise/parse_failure_rate"})
+    assert "heldout.accuracy" not in ctx.metrics.keys()  # nothing the oracle world scores
+    assert set(ctx.metrics.history("heldout.items").values()) == {3.0}
+    # the random zoo judge rates nothing: failures, never scores; its NaN target never improves on the start
+    assert set(ctx.metrics.history("heldout.judge/pointwise/parse_failure_rate").values()) == {1.0}
+    assert final["heldout.refused"] and final["heldout.best_step"] == 0
+
+
+def test_sdxl_update_probed_on_user_drawing_prompts(zoo, cfg, image_pairs, tmp_path):
+    from flywheel.train import diffusion_loop
+
+    path, read = _user_prompts(tmp_path)
+    c = _cfg(cfg, "train.diffusion_dpo.max_steps=2", "train.diffusion_dpo.batch_size=4",
+             "train.diffusion_dpo.lora.enabled=true", "train.registry.save_merged=false",
+             "train.diffusion_dpo.heldout.every_steps=2", "train.diffusion_dpo.heldout.inference_steps=2",
+             f"train.diffusion_dpo.heldout.prompts_file={path}", "train.diffusion_dpo.heldout.judge=zoo:judge",
+             "train.diffusion_dpo.heldout.target=judge/pointwise/score", "train.diffusion_dpo.heldout.max_drop={}")
+    prompts = read(c, "diffusion_dpo")
+    assert [p["query"] for p in prompts] == ["Draw a red square.", "Draw a blue square."]
+    ctx = LocalContext(c, "diffusion_dpo", image_pairs, str(zoo["generator"]), str(tmp_path),
+                       heldout_judge="zoo:judge", heldout_prompts=prompts)
+    diffusion_loop.worker(ctx)
+    _assert_curves(ctx, [0, 2], {"items", "judge/pointwise/parse_failure_rate"})
+    assert not {"heldout.score10", "heldout.probe/score10"} & ctx.metrics.keys()
+    assert set(ctx.metrics.history("heldout.items").values()) == {2.0}
 
 
 @pytest.mark.parametrize("method", ["dpo", "bon_sft"])

@@ -122,10 +122,15 @@ def score_text_items(items: list, results: list) -> tuple[dict[str, float], list
     out["caption_f1"] = float(np.mean(f1)) if f1 else float("nan")
     out["unparseable_rate"] = unparseable / len(items)
     out["format_valid"] = 1.0 - out["unparseable_rate"]
+    return out | text_measures(results), right
+
+
+def text_measures(results: list) -> dict[str, float]:
+    """What any answers show without ground truth: `repetition_rate` (a collapse into "is a triangle is a
+    triangle") and `mean_words`."""
     texts = [(r.text or "") if r.ok else "" for r in results]
-    out["repetition_rate"] = float(np.mean([repetitive(t) for t in texts]))
-    out["mean_words"] = float(np.mean([len(t.split()) for t in texts]))
-    return out, right
+    return {"repetition_rate": float(np.mean([repetitive(t) for t in texts])),
+            "mean_words": float(np.mean([len(t.split()) for t in texts]))}
 
 
 def _caption_f1(detail: dict, n_objects: int) -> float:
