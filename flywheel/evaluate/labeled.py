@@ -20,12 +20,15 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import logging
 from pathlib import Path
 
 from flywheel.engines import TextEngine
 from flywheel.evaluate.metrics import PairItem, PointItem, one_verdict_metrics, pairwise_metrics, pointwise_metrics
 from flywheel.judge import pairwise, pointwise
 from flywheel.records import validate
+
+log = logging.getLogger(__name__)
 
 
 def _record(kind: str, obj: dict, where: str, **extra) -> dict:
@@ -89,6 +92,17 @@ def parse_labeled(text: str, split: str = "id-test") -> tuple[list[dict], list[s
             continue
         items.append({"type": kind, "prompt": prompt, "candidates": cands, "gold": gold, "line": n})
     return items, refused
+
+
+def require_items(items: list[dict], refused: list[str], where: str) -> list[dict]:
+    """The valid items of a labeled set a stage needs (gold, a held-out probe): none is an error naming `where`
+    (the setting and the file), and the refused lines are logged with the first reason."""
+    if not items:
+        raise ValueError(f"{where} holds no valid item"
+                         + (f" ({len(refused)} refused, e.g. {refused[0]})" if refused else " (it is empty)"))
+    if refused:
+        log.warning("%s: %d of %d lines refused, e.g. %s", where, len(refused), len(refused) + len(items), refused[0])
+    return items
 
 
 def evaluate_labeled(engine: TextEngine, items: list[dict], style: str = "minos",

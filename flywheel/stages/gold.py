@@ -35,7 +35,7 @@ from flywheel import storage
 from flywheel.config import Config, JudgmentsConfig
 from flywheel.datasets import Manifest, MissingManifest, read_dataset, read_manifest, write_dataset
 from flywheel.engines.base import TextEngine
-from flywheel.evaluate.labeled import gold_rows, load_labeled
+from flywheel.evaluate.labeled import gold_rows, load_labeled, require_items
 from flywheel.records import with_ids
 from flywheel.sources import files_digest
 from flywheel.stages.judgments import JudgmentsCore, judgment_stats
@@ -86,18 +86,13 @@ def labeled_gold(path: str, split: str) -> GoldSet:
         items, refused = load_labeled(path, split)
     except FileNotFoundError:
         raise FileNotFoundError(f"meta_eval.gold_files.{split}: no file at {path}") from None
-    if not items:
-        raise ValueError(f"meta_eval.gold_files.{split}: {path} holds no valid item"
-                         + (f" ({len(refused)} refused, e.g. {refused[0]})" if refused else " (it is empty)"))
+    require_items(items, refused, f"meta_eval.gold_files.{split}: {path}")
     gp, gc, gj = gold_rows(items, f"labeled:{Path(path).name}")
     lines = Path(path).read_text(encoding="utf-8").splitlines()
     bad = []
     for reason in refused:  # "line <n>: ...": kept raw with its reason
         n = int(reason.split(":", 1)[0].removeprefix("line "))
         bad.append({"kind": "judgment", "index": n, "reason": reason, "field": "", "raw": lines[n - 1]})
-    if refused:
-        log.warning("gold %s: %d of %d lines of %s refused, e.g. %s", split, len(refused), len(refused) + len(items),
-                    path, refused[0])
     return GoldSet(gp, gc, gj, bad)
 
 

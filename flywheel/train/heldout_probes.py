@@ -234,6 +234,12 @@ class JudgeProbe:
             self.protocols = {t: ["pointwise"] for t in ("iu", "ig")}  # labels carry no claim checks
             self.prompts, self.candidates, judgments = labeled_heldout(gold_text, heldout.gold_file)
         else:
+            # Claim checks where the judge is taught them: descriptions are rated by their claims, as the gate
+            # rates them, and each check is scored against the oracle's (gold claim checks, as meta-eval scores
+            # them); the checks' format is guarded: a judge never taught claims answered 204 of 219 of them in the
+            # pairwise format ("Verdict: A") while every pointwise rating parsed (docs/tuning.md, runs/flip).
+            self.protocols = {t: ["pointwise", *(["claims"] if "claims" in cfg.judgments.protocols.get(t, []) else [])]
+                              for t in ("iu", "ig")}
             self.prompts, self.candidates, judgments = self._oracle_gold(cfg, heldout, seed)
         self.prompt_by_id = {p["prompt_id"]: p for p in self.prompts}
         self.gold = {j["candidate_ids"][0]: j["score"] for j in judgments
@@ -253,7 +259,8 @@ class JudgeProbe:
             "top_logprobs": cfg.judge.generation.top_logprobs if cfg.judge.rating_readout == "expected" else 0})
 
     def _oracle_gold(self, cfg, heldout, seed: int) -> tuple[list[dict], list[dict], list[dict]]:
-        """Gold of fresh oracle prompts, disjoint from the suites' and the gate's (the world's noiseless labels)."""
+        """Gold of fresh oracle prompts, disjoint from the suites' and the gate's (the world's noiseless labels), in
+        the probe's protocols."""
         from flywheel.stages.gold import build_gold
         from flywheel.worlds.shapes.suites import make_prompt
 
@@ -267,12 +274,6 @@ class JudgeProbe:
             if row is not None:
                 prompts.append({**row, "split": "id-test", "aspects": [], "meta": json.dumps(row["meta"],
                                                                                              sort_keys=True)})
-        # Claim checks where the judge is taught them: descriptions are rated by their claims, as the gate rates
-        # them, and each check is scored against the oracle's (gold claim checks, as meta-eval scores them); the
-        # checks' format is guarded: a judge never taught claims answered 204 of 219 of them in the pairwise
-        # format ("Verdict: A") while every pointwise rating parsed (docs/tuning.md, runs/flip).
-        self.protocols = {t: ["pointwise", *(["claims"] if "claims" in cfg.judgments.protocols.get(t, []) else [])]
-                          for t in ("iu", "ig")}
         gcfg = cfg.model_copy(deep=True)
         gcfg.meta_eval.gold_files = {}  # fresh oracle prompts' gold, never the gate's human labels
         gcfg.world.gold.splits = ["id-test"]
@@ -333,15 +334,9 @@ class JudgeProbe:
 def labeled_heldout(text: str, where: str) -> tuple[list[dict], list[dict], list[dict]]:
     """A labeled set's text (`flywheel eval --data`'s format) as the probe's prompts, outputs and gold judgments;
     `where` names the file in errors and logs."""
-    from flywheel.evaluate.labeled import gold_rows, parse_labeled
+    from flywheel.evaluate.labeled import gold_rows, parse_labeled, require_items
 
-    items, refused = parse_labeled(text)
-    if not items:
-        raise ValueError(f"train.judge_dpo.heldout.gold_file: {where} holds no valid item"
-                         + (f" ({len(refused)} refused, e.g. {refused[0]})" if refused else " (it is empty)"))
-    if refused:
-        log.warning("held-out: %d of %d lines of %s refused, e.g. %s", len(refused), len(refused) + len(items),
-                    where, refused[0])
+    items = require_items(*parse_labeled(text), f"train.judge_dpo.heldout.gold_file: {where}")
     return gold_rows(items, "labeled:heldout")
 
 
