@@ -15,6 +15,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import Field, NonNegativeInt, ValidationError, field_validator, model_validator
 
+from flywheel.config_files import ConfigError, origin_of, parse_override, read_tree, set_dotted
 from flywheel.curate.config import CurateConfig
 from flywheel.evaluate.metric_names import PER_PAIR, per_pair_accuracy, protocol_of, split_of
 from flywheel.records import RecordLimits
@@ -27,10 +28,6 @@ from flywheel.worlds.shapes.oracle_config import TeacherConfig as OracleTeacherC
 from flywheel.worlds.shapes.suites import SplitConfig, SuitesConfig
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-
-
-class ConfigError(ValueError):
-    """A config file or override is wrong; the message names the key and where it came from."""
 
 
 
@@ -679,32 +676,6 @@ STAGE_SECTIONS |= {f"meta-eval-{role}": STAGE_SECTIONS[f"judgments-{role}"] + ("
                    for role in ("teacher", "judge")}
 
 
-def _set_dotted(tree: dict, dotted: str, value: Any, source: str) -> None:
-    keys = dotted.split(".")
-    node = tree
-    for k in keys[:-1]:
-        child = node.setdefault(k, {})
-        if not isinstance(child, dict):
-            raise ConfigError(f"{source}: cannot set '{dotted}': '{k}' is a value, not a section")
-        node = child
-    node[keys[-1]] = value
-
-
-def parse_override(text: str) -> tuple[str, Any]:
-    """`train.lr=1e-5` -> ("train.lr", 1e-05). Values are read as YAML so lists and numbers work."""
-    if "=" not in text:
-        raise ConfigError(f"override '{text}': expected key=value, e.g. judge.engine=vllm")
-    key, raw = text.split("=", 1)
-    key = key.strip()
-    if not key or any(not part for part in key.split(".")):
-        raise ConfigError(f"override '{text}': malformed key")
-    try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError as e:
-        raise ConfigError(f"override '{text}': value is not valid YAML ({e})") from None
-    return key, value
-
-
 def _resolve_placeholders(node: Any, workdir: str) -> Any:
     if isinstance(node, str):
         return node.replace("${workdir}", workdir)
@@ -716,27 +687,21 @@ def _resolve_placeholders(node: Any, workdir: str) -> Any:
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
-    """Load a YAML config (default configs/local.yaml), apply `a.b=c` overrides, validate, resolve ${workdir}."""
+    """Load a YAML config (default configs/local.yaml) and the files it extends (flywheel/config_files.py), apply
+    `a.b=c` overrides, validate, resolve ${workdir}."""
     path = Path(path) if path is not None else REPO_ROOT / "configs" / "local.yaml"
-    if not path.is_file():
-        raise ConfigError(f"{path}: config file not found")
-    try:
-        tree = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not valid YAML: {e}") from None
-    if not isinstance(tree, dict):
-        raise ConfigError(f"{path}: top level must be a mapping of sections, got {type(tree).__name__}")
+    tree, origins = read_tree(path)
 
     overridden: dict[str, str] = {}
     for text in overrides:
         key, value = parse_override(text)
-        _set_dotted(tree, key, value, f"override '{text}'")
+        set_dotted(tree, key, value, f"override '{text}'")
         overridden[key] = text
 
     try:
         cfg = Config.model_validate(tree)
     except ValidationError as e:
-        raise ConfigError(_explain(e, path, overridden)) from None
+        raise ConfigError(_explain(e, path, origins, overridden)) from None
 
     workdir = str(Path(cfg.run.workdir).expanduser().resolve())
     data = _resolve_placeholders(cfg.model_dump(mode="python"), workdir)
@@ -751,16 +716,17 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
     return Config.model_validate(data)
 
 
-def _explain(err: ValidationError, path: Path, overridden: dict[str, str]) -> str:
+def _explain(err: ValidationError, path: Path, origins: dict[str, str], overridden: dict[str, str]) -> str:
     lines = []
     for e in err.errors():
         key = ".".join(str(p) for p in e["loc"])
         # an override names the key, a key under it, or (a section it created) one above it
         source = next((f"override '{t}'" for k, t in overridden.items()
                        if key == k or key.startswith(k + ".") or k.startswith(key + ".")), None)
-        where = source or str(path)
+        where = source or origin_of(key, origins, str(path))
         if e["type"] == "extra_forbidden":
             lines.append(f"{where}: unknown key '{key}'")
         else:
-            lines.append(f"{where}: '{key}': {e['msg']} (got {e.get('input')!r})")
+            got = repr(e.get("input"))  # a section's validator would print the whole section: not that
+            lines.append(f"{where}: '{key}': {e['msg']}" + (f" (got {got})" if len(got) <= 200 else ""))
     return "invalid config:\n  " + "\n  ".join(lines)

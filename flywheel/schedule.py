@@ -44,6 +44,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
+from flywheel import config_files
+
 log = logging.getLogger(__name__)
 
 SCHEDULE_KEY = "flywheel.schedule"  # job metadata: the name of the schedule the job belongs to
@@ -405,15 +407,20 @@ class Scheduler:
 
 
 def config_relative_to(config: Path, working_dir: Path) -> str:
-    """The config path as the job sees it (relative to the uploaded working directory)."""
+    """The config path as the job sees it (relative to the uploaded working directory), which must also hold the
+    files it extends."""
     c, w = config.resolve(), working_dir.resolve()
     if not c.is_file():
         raise ScheduleError(f"--config {config}: file not found")
     try:
-        return c.relative_to(w).as_posix()
-    except ValueError:
-        raise ScheduleError(f"--config {config}: must lie inside the working directory {w}, which is what the job "
-                            "gets") from None
+        files = config_files.chain(c)
+    except config_files.ConfigError as e:
+        raise ScheduleError(f"--config {config}: {e}") from None
+    outside = [f for f in files if not f.is_relative_to(w)]
+    if outside:
+        raise ScheduleError(f"--config {config}: {', '.join(map(str, outside))} must lie inside the working "
+                            f"directory {w}, which is what the job gets")
+    return c.relative_to(w).as_posix()
 
 
 def make_client(address: str | None):

@@ -43,6 +43,22 @@ def test_gpu_config_names_real_checkpoints_vllm_gpus_and_shared_storage():
     assert cfg.train.dpo_beta == 0.03 and cfg.train.lr == 2e-6  # Minos' judge DPO settings
 
 
+def test_gpu_own_data_config_is_the_gpu_config_on_user_files_judged_without_the_oracle():
+    gpu, own = load_config(REPO_ROOT / "configs/gpu_7b.yaml"), load_config(REPO_ROOT / "configs/gpu_7b_own_data.yaml")
+    # extends gpu_7b.yaml: its checkpoints, engines, resources and recipes, named once
+    assert own.models == gpu.models and own.resources == gpu.resources and own.judge == gpu.judge
+    assert own.train.policy_dpo.lr == gpu.train.policy_dpo.lr and own.train.judge_sft == gpu.train.judge_sft
+    assert not own.prompts.oracle_world and own.prompts.sources and own.preferences.sources
+    assert own.teacher.engine == "http" and own.teacher.http.api_key_env == "OPENAI_API_KEY"
+    assert own.meta_eval.gold_files and own.world.gold.splits == ["id-test"]
+    assert own.gate.policy_metric == own.gate.generator_metric == "judge/pointwise/score"
+    probes = own.train.judge_dpo.heldout, own.train.policy_dpo.heldout, own.train.diffusion_dpo.heldout
+    assert probes[0].gold_file and all(p.prompts_file and p.judge == "champion" for p in probes[1:])
+    # the GPU config's oracle-only guards are replaced, not merged into
+    assert "caption_recall" in gpu.train.policy_dpo.heldout.max_drop and not probes[1].max_drop
+    assert "probe/score10" in gpu.train.diffusion_dpo.heldout.max_drop and not probes[2].max_drop
+
+
 def test_dotted_overrides_are_typed():
     cfg = load_config(None, ["judge.engine=vllm", "train.lr=1e-5", "resources.labeling.actors=4",
                              "models.zoo.unet_channels=[16, 32]"])

@@ -51,8 +51,16 @@ def test_the_readmes_config_snippets_load_over_the_default(tmp_path):
     from flywheel.config import load_config
 
     blocks = re.findall(r"```yaml\n(.*?)```", (REPO_ROOT / "README.md").read_text(), re.S)
-    assert blocks
+    assert blocks and any(b.startswith("extends: local.yaml") for b in blocks)
+    (tmp_path / "configs").mkdir()
     for i, block in enumerate(blocks):
+        if block.startswith("extends: "):  # a whole config saved beside the one it extends, as the README says
+            base_name = block.split("\n", 1)[0].split(":", 1)[1].strip()
+            (tmp_path / "configs" / base_name).write_text((REPO_ROOT / "configs" / base_name).read_text())
+            (tmp_path / "configs" / f"snippet{i}.yaml").write_text(block)
+            cfg = load_config(tmp_path / "configs" / f"snippet{i}.yaml", [f"run.workdir={tmp_path}"])
+            assert not cfg.prompts.oracle_world  # its own keys went over the base's
+            continue
         base = yaml.safe_load((REPO_ROOT / "configs" / "local.yaml").read_text())
         for key, value in yaml.safe_load(block).items():
             base[key] = {**base.get(key, {}), **value} if isinstance(value, dict) else value

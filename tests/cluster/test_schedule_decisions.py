@@ -238,3 +238,21 @@ def test_the_scheduler_waits_while_another_process_holds_the_workdir(tmp_path):
         assert d.action == "submit" and d.iteration == 0 and [j["submission_id"] for j in cluster.jobs] == [sid]
     finally:
         other.kill()
+
+
+def test_a_config_and_every_file_it_extends_must_reach_the_job(tmp_path):
+    from flywheel.schedule import config_relative_to
+
+    work = tmp_path / "project"
+    (work / "configs").mkdir(parents=True)
+    (tmp_path / "base.yaml").write_text("run: {seed: 1}\n")  # outside the uploaded working dir
+    (work / "configs" / "base.yaml").write_text("run: {seed: 2}\n")
+    mine = work / "configs" / "mine.yaml"
+    mine.write_text("extends: ../../base.yaml\n")
+    with pytest.raises(ScheduleError, match=r"base\.yaml must lie inside the working directory"):
+        config_relative_to(mine, work)
+    mine.write_text("extends: base.yaml\n")
+    assert config_relative_to(mine, work) == "configs/mine.yaml"
+    mine.write_text("extends: gone.yaml\n")
+    with pytest.raises(ScheduleError, match="names no file"):
+        config_relative_to(mine, work)
