@@ -5,7 +5,10 @@ What it promises beyond the engine contract (flywheel/engines/base.py):
 - at most `max_concurrency` requests in flight per `generate` call (an asyncio semaphore + a bounded pool);
 - a 429, any 5xx, a timeout or a connection error is retried up to `max_retries` times with exponential backoff
   and jitter (a `Retry-After` header is honoured up to `backoff_max_s`); other 4xx are final, with the server's
-  reason in the result's `error`;
+  reason in the result's `error` (that request is wrong: its item is quarantined with the reason);
+- a request that still fails after every retry means the endpoint is down or overloaded, not that the item is bad:
+  the call raises EndpointUnavailable once all its requests are done, so the stage stops instead of quarantining
+  good items, and `--resume` asks again, keeping the batches that finished (flywheel/stages/finished_batches.py);
 - usage (prompt/completion tokens) is summed, cost estimated from per-token prices in config, and both logged
   to the active MLflow run, if any (metrics `http.*`);
 - the API key comes only from the environment variable named in config (`api_key_env`), never from config.
@@ -43,6 +46,10 @@ RETRY_STATUS = frozenset({429}) | frozenset(range(500, 600))
 
 class MissingApiKey(RuntimeError):
     """The config names an API-key environment variable that is not set."""
+
+
+class EndpointUnavailable(RuntimeError):
+    """Requests that failed after every retry (429, 5xx, timeouts, connection errors): the endpoint, not the item."""
 
 
 @dataclass
@@ -136,12 +143,18 @@ class HTTPTextEngine(TextEngine):
         timeout = aiohttp.ClientTimeout(total=self.http.timeout_s)
         connector = aiohttp.TCPConnector(limit=self.http.max_concurrency)
         async with aiohttp.ClientSession(timeout=timeout, connector=connector, headers=self._headers()) as session:
-            results = await asyncio.gather(*(self._one(session, sem, req, seed + i)
+            gave_up: list[str] = []  # errors of requests that failed after every retry
+            results = await asyncio.gather(*(self._one(session, sem, req, seed + i, gave_up)
                                              for i, req in enumerate(requests)))
         with self._lock:
             self.usage.seconds += time.perf_counter() - t0
             self._calls += 1
         self._log_usage()
+        if gave_up:
+            raise EndpointUnavailable(f"{self.url}: {len(gave_up)} of {len(results)} requests failed after "
+                                      f"{self.http.max_retries + 1} attempts each (first: {gave_up[0]}); the "
+                                      "endpoint is down or overloaded. Run again with --resume when it answers: "
+                                      "finished batches are kept.")
         return list(results)
 
     # ------------------------------------------------------------------ internals
@@ -180,7 +193,8 @@ class HTTPTextEngine(TextEngine):
         d = min(cap, self.http.backoff_initial_s * 2**attempt)
         return d / 2 + random.uniform(0, d / 2)  # "equal jitter": never zero, never in lock-step
 
-    async def _one(self, session, sem: asyncio.Semaphore, req: TextRequest, seed: int) -> TextResult:
+    async def _one(self, session, sem: asyncio.Semaphore, req: TextRequest, seed: int,
+                   gave_up: list[str]) -> TextResult:
         import aiohttp
 
         with self._lock:
@@ -224,7 +238,8 @@ class HTTPTextEngine(TextEngine):
             if attempt < self.http.max_retries:
                 await asyncio.sleep(self._delay(attempt, retry_after))
         self._count("exhausted", failed=1)
-        return TextResult(error=f"{last} (gave up after {self.http.max_retries + 1} attempts)")
+        gave_up.append(f"{last} (gave up after {self.http.max_retries + 1} attempts)")
+        return TextResult(error=gave_up[-1])
 
     def _count_attempt(self, attempt: int) -> None:
         with self._lock:

@@ -35,6 +35,7 @@ from flywheel.config import StageResources
 from flywheel.datasets import (Manifest, MissingManifest, PartsWriter, RowRangeReader, UpstreamRef, read_data_file,
                                read_manifest, verify_dataset, verify_dataset_files, write_part)
 from flywheel.records import RecordLimits, json_safe, restore_raw, to_table, validate
+from flywheel.stages import finished_batches
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +59,7 @@ class StageResult:
     # "<actor id>/<pid>"]}. An actor id with two pids is an actor Ray restarted (e.g. after its node was lost).
     placement: dict[str, dict] = field(default_factory=dict)
     counters: dict[str, float] = field(default_factory=dict)  # CoreOutput.counters summed over the batches
+    batches_kept: int = 0  # batches an interrupted attempt finished, taken as they were (finished_batches)
 
     @property
     def actor_restarts(self) -> int:
@@ -79,19 +81,18 @@ class _CoreActor:
     where the batch ran. A retried batch (its actor or node lost) rewrites the same part file."""
 
     def __init__(self, core_factory: Callable[[], Any], kind: str, limits: RecordLimits, source: str,
-                 source_manifest: Manifest, source_file_rows: list[int], output: str, batch_size: int):
+                 source_manifest: Manifest, source_file_rows: list[int], output: str, batch_size: int, run_key: str):
         import ray
 
         self.core = core_factory()
-        self.kind, self.limits, self.output, self.batch_size = kind, limits, output, batch_size
+        self.kind, self.limits, self.output, self.batch_size, self.run_key = kind, limits, output, batch_size, run_key
         self.reader = RowRangeReader(source, source_manifest, read_rows=batch_size, file_rows=source_file_rows)
         self.n_rows = source_manifest.row_count
         ctx = ray.get_runtime_context()  # where this actor runs: reported with each batch (stats, not records)
         self.node, self.actor = ctx.get_node_id(), f"{ctx.get_actor_id()}/{os.getpid()}"
 
     def __call__(self, batch: pa.Table) -> dict[str, list]:
-        res: dict[str, list] = {k: [] for k in ("batch", "n_in", "part", "rows", "lines", "size", "quarantine",
-                                                "node", "actor", "counters")}
+        res: dict[str, list] = {k: [] for k in _BATCH_FIELDS}
         for i in batch.column("batch").to_pylist():
             start = i * self.batch_size
             rows = self.reader.read(start, min(start + self.batch_size, self.n_rows)).to_pylist()
@@ -100,11 +101,15 @@ class _CoreActor:
             part = write_part(self.output, i, self.kind, to_table(self.kind, valid))
             del valid
             quarantine = [{**q, "raw": json_safe(q.get("raw"))} for q in [*out.quarantined, *bad]]
-            for k, v in (("batch", i), ("n_in", len(rows)), ("part", part["part"]), ("rows", part["rows"]),
-                         ("lines", part["lines"]), ("size", part["size"]), ("quarantine", json.dumps(quarantine)),
-                         ("node", self.node), ("actor", self.actor), ("counters", json.dumps(out.counters))):
-                res[k].append(v)
+            meta = {"batch": i, "n_in": len(rows), **part, "quarantine": json.dumps(quarantine), "node": self.node,
+                    "actor": self.actor, "counters": json.dumps(out.counters)}
+            finished_batches.record(self.output, self.run_key, i, meta)
+            for k in _BATCH_FIELDS:
+                res[k].append(meta[k])
         return res
+
+
+_BATCH_FIELDS = ("batch", "n_in", "part", "rows", "lines", "size", "quarantine", "node", "actor", "counters")
 
 
 def _absolute(uri: str) -> str:
@@ -158,62 +163,67 @@ def run_stage(
 
     t0 = time.perf_counter()
     n_batches = -(-source.row_count // batch_size)
+    run_key = finished_batches.key(stage_hash, [u.content_hash for u in upstream], batch_size)
+    kept = finished_batches.load(_absolute(output), run_key, n_batches)  # an interrupted attempt's batches
+    todo = [i for i in range(n_batches) if i not in kept]
     writer = PartsWriter(output, kind, config_hash=stage_hash, producer=name, upstream=upstream)
     n_in, placement, counters = 0, {}, Counter()
     try:
-        if n_batches:
+        made = iter(())
+        if todo:
             ctx = ray.data.DataContext.get_current()
             ctx.execution_options.preserve_order = True  # same input, same output order: ids and hashes are stable
             # One block per batch: Ray Data hands an actor a whole block per task, so a single block would send
             # every batch to one actor (and one node) whatever the pool's size. A block holds a batch's index only:
             # the actor reads the batch's rows from storage.
-            ds = ray.data.from_items([{"batch": i} for i in range(n_batches)], override_num_blocks=n_batches)
+            ds = ray.data.from_items([{"batch": i} for i in todo], override_num_blocks=len(todo))
             # A lost node's actors are restarted wherever the resources exist and their batches retried there: Ray
             # Data's actor pool defaults (max_restarts=-1, max_task_retries=-1), which the stage's exactly-once
             # output depends on (tests/stages/test_runner.py checks them). Passing them again here is a deprecated
             # `ray_remote_args` use in Ray 2.60, removed in 2.64.
-            packed = ds.map_batches(
+            made = iter(ds.map_batches(
                 _CoreActor,
                 fn_constructor_kwargs={"core_factory": core_factory, "kind": kind, "limits": limits,
                                        "source": _absolute(inputs[0]), "source_manifest": source,
                                        "source_file_rows": file_rows, "output": _absolute(output),
-                                       "batch_size": batch_size},
+                                       "batch_size": batch_size, "run_key": run_key},
                 batch_size=1,  # one batch index per call
                 batch_format="pyarrow",
                 compute=ray.data.ActorPoolStrategy(size=resources.actors),
                 num_cpus=resources.num_cpus,
                 num_gpus=resources.num_gpus,
                 resources=dict(resources.resources) or None,
-            )
-            expected = 0
-            for part in packed.iter_rows():  # streamed, in input order (preserve_order): one batch's metadata at a time
-                if int(part["batch"]) != expected:
-                    raise RuntimeError(f"stage {name}: batch {part['batch']} came back where batch {expected} was due")
-                expected += 1
-                writer.add_part(part["part"], int(part["rows"]), part["lines"], int(part["size"]))
-                writer.add_quarantined({**q, "index": n_in + int(q.get("index") or 0), "raw": restore_raw(q["raw"])}
-                                       for q in json.loads(part["quarantine"]))
-                n_in += int(part["n_in"])
-                counters.update(json.loads(part["counters"]))
-                p = placement.setdefault(part["node"], {"batches": 0, "rows_in": 0, "actors": []})
-                p["batches"] += 1
-                p["rows_in"] += int(part["n_in"])
-                if part["actor"] not in p["actors"]:
-                    p["actors"].append(part["actor"])
-            if expected != n_batches:
-                raise RuntimeError(f"stage {name}: {expected} of {n_batches} batches came back")
+            ).iter_rows())  # streamed, in input order (preserve_order): one batch's metadata at a time
+        for expected in range(n_batches):
+            part = kept.get(expected) or next(made, None)
+            if part is None or int(part["batch"]) != expected:
+                got = "nothing" if part is None else f"batch {part['batch']}"
+                raise RuntimeError(f"stage {name}: {got} came back where batch {expected} was due")
+            writer.add_part(part["part"], int(part["rows"]), part["lines"], int(part["size"]))
+            writer.add_quarantined({**q, "index": n_in + int(q.get("index") or 0), "raw": restore_raw(q["raw"])}
+                                   for q in json.loads(part["quarantine"]))
+            n_in += int(part["n_in"])
+            counters.update(json.loads(part["counters"]))
+            p = placement.setdefault(part["node"], {"batches": 0, "rows_in": 0, "actors": []})
+            p["batches"] += 1
+            p["rows_in"] += int(part["n_in"])
+            if part["actor"] not in p["actors"]:
+                p["actors"].append(part["actor"])
+        if next(made, None) is not None:
+            raise RuntimeError(f"stage {name}: more batches came back than the {n_batches} sent")
         if n_in != source.row_count:  # every input row through exactly once, retried batches included
             raise RuntimeError(f"stage {name}: {n_in} rows came back from {source.row_count} input rows")
         manifest = writer.finish()
+        finished_batches.clear(_absolute(output))
     except BaseException:
         writer.abort()
         raise
     seconds = time.perf_counter() - t0
     result = StageResult(manifest, skipped=False, rows_in=n_in, seconds=seconds, placement=placement,
-                         counters=dict(counters))
-    log.info("stage %s: %d rows in → %d out, %d quarantined, %.1f s → %s; batches per node %s, actor restarts %d",
-             name, n_in, manifest.row_count, manifest.quarantined, seconds, output,
-             {k[:8]: v["batches"] for k, v in placement.items()}, result.actor_restarts)
+                         counters=dict(counters), batches_kept=len(kept))
+    log.info("stage %s: %d rows in → %d out, %d quarantined, %.1f s → %s; batches per node %s, actor restarts %d, "
+             "batches kept from an interrupted attempt %d", name, n_in, manifest.row_count, manifest.quarantined,
+             seconds, output, {k[:8]: v["batches"] for k, v in placement.items()}, result.actor_restarts, len(kept))
     if tracker is not None:
         import mlflow
 
@@ -221,7 +231,8 @@ def run_stage(
 
         mlflow.log_metrics({"rows_in": n_in, "rows_out": manifest.row_count, "quarantined": manifest.quarantined,
                             "seconds": seconds, "items_per_s": n_in / seconds if seconds else 0.0,
-                            "ray.nodes": len(placement), "ray.actor_restarts": result.actor_restarts})
+                            "ray.nodes": len(placement), "ray.actor_restarts": result.actor_restarts,
+                            "batches_kept": len(kept)})
         mlflow.log_dict(placement, "ray/placement.json")
         if counters:
             mlflow.log_metrics(dict(counters))

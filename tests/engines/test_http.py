@@ -18,7 +18,7 @@ from PIL import Image
 
 from flywheel.config import GenerationConfig, HttpEngineConfig, load_config
 from flywheel.engines.base import TextRequest
-from flywheel.engines.http import HTTPTextEngine, MissingApiKey, openai_messages
+from flywheel.engines.http import EndpointUnavailable, HTTPTextEngine, MissingApiKey, openai_messages
 from flywheel.images import PNG_MAGIC
 
 
@@ -121,23 +121,27 @@ def test_retries_on_429_and_5xx_then_succeeds(server):
 
 def test_gives_up_after_max_retries_and_never_retries_other_4xx(server):
     eng = _engine(server.port, max_retries=2)
-    out = eng.generate([_ask("always-503"), _ask("fail-400-5"), _ask("fail-422-1"), _ask("ok")])
-    assert out[0].error == "HTTP 503: always 503 (gave up after 3 attempts)"
-    assert out[1].error == "HTTP 400: planned 400" and out[2].error == "HTTP 422: planned 422"
-    assert out[3].ok
-    assert server.attempts["always-503"] == 3 and server.attempts["fail-400-5"] == 1
-    assert server.attempts["fail-422-1"] == 1
-    assert eng.usage.failed == 3 and eng.usage.succeeded == 1
+    out = eng.generate([_ask("fail-400-5"), _ask("fail-422-1"), _ask("ok")])
+    assert out[0].error == "HTTP 400: planned 400" and out[1].error == "HTTP 422: planned 422"  # the request's fault
+    assert out[2].ok
+    assert server.attempts["fail-400-5"] == 1 and server.attempts["fail-422-1"] == 1
+    # a request that fails every retry is the endpoint's fault, not its item's: the call raises, after the others
+    with pytest.raises(EndpointUnavailable, match=r"1 of 2 requests failed after 3 attempts each \(first: HTTP 503: "
+                                                  r"always 503 \(gave up after 3 attempts\)\)"):
+        eng.generate([_ask("always-503"), _ask("ok-2")])
+    assert server.attempts["always-503"] == 3 and server.attempts["ok-2"] == 1
+    assert eng.usage.failed == 3 and eng.usage.succeeded == 2
 
 
 def test_an_answer_from_another_model_is_retried_then_a_failure_never_a_label(server):
     """Two Serve proxies can share a port (SO_REUSEPORT): an answer naming another model version is not ours."""
     eng = _engine(server.port, max_retries=3, expect_model_version="ours")
-    out = eng.generate([_ask("imposter-2"), _ask("imposter-9"), _ask("anonymous")])
+    out = eng.generate([_ask("imposter-2")])
     assert out[0].text == "echo imposter-2" and server.attempts["imposter-2"] == 3
-    assert out[1].text is None and out[1].error == ("response from model version 'other', expected 'ours': another "
-                                                    "server answers here (gave up after 4 attempts)")
-    assert out[2].text is None and "model version None, expected 'ours'" in out[2].error
+    with pytest.raises(EndpointUnavailable, match=r"2 of 2 requests .*(response from model version 'other', "
+                                                  r"expected 'ours': another server answers here|model version None,"
+                                                  r" expected 'ours')"):
+        eng.generate([_ask("imposter-9"), _ask("anonymous")])
     assert eng.usage.status_counts["wrong_model"] == 2 + 4 + 4 and eng.usage.failed == 2
     anyone = _engine(server.port, max_retries=0)  # no expectation: any model's answer is taken
     assert anyone.generate([_ask("imposter-99")])[0].text == "echo imposter-99"
@@ -154,8 +158,8 @@ def test_timeouts_are_retried(server):
 
 def test_connection_errors_are_retried_then_reported():
     eng = _engine(free_port(), max_retries=2)  # nothing listens there
-    out = eng.generate([_ask("x")])
-    assert "connection error" in out[0].error and "gave up after 3 attempts" in out[0].error
+    with pytest.raises(EndpointUnavailable, match=r"connection error: .*gave up after 3 attempts"):
+        eng.generate([_ask("x")])
     assert eng.usage.status_counts["connect"] == 3
 
 

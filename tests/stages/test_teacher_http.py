@@ -121,3 +121,51 @@ def test_the_teachers_requests_tokens_and_cost_reach_the_stages_run(ray_local, t
     metrics = MlflowClient(tracker.uri).get_run(run.info.run_id).data.metrics
     assert metrics["http.succeeded"] == n
     assert metrics["http.cost"] == pytest.approx(n * (10 * 2.5 + 5 * 10) / 1e6)
+
+
+class FailingEndpoint(Endpoint):
+    """Answers the first `up_for` requests, then 503s (a teacher's outage) until `up_for` is raised."""
+
+    def __init__(self, answer: str, up_for: int):
+        super().__init__(answer)
+        self.up_for = up_for
+
+    async def handle(self, request):
+        from aiohttp import web
+
+        if len(self.bodies) >= self.up_for:
+            return web.json_response({"error": {"message": "overloaded"}}, status=503)
+        return await super().handle(request)
+
+
+def test_a_teacher_outage_stops_the_stage_and_a_resume_asks_only_the_unfinished_batches(ray_local, tmp_path):
+    """An endpoint that fails every retry is not a bad item: the stage stops rather than quarantine good items, and
+    the next attempt keeps the batch that finished (a paid teacher is not asked twice)."""
+    from flywheel.datasets import read_quarantine, read_rows, write_dataset
+    from flywheel.stages import judgments
+
+    with FailingEndpoint("Analysis: The answer names the right colour.\nRating: 4", up_for=4) as api:
+        cfg = load_config(None, [f"run.workdir={tmp_path}", "teacher.engine=http", "judgments.batch_size=2",
+                                 f"teacher.http.base_url=http://127.0.0.1:{api.port}/v1", "teacher.http.model=gpt-x",
+                                 "teacher.http.max_retries=1", "teacher.http.backoff_initial_s=0.01",
+                                 "resources.labeling.actors=1", "judgments.samples_per_item=1",
+                                 "judgments.protocols={iu: [pointwise]}"])
+        suites = SuitesConfig(prompts_per_subtask=3, subtasks=["iu_color"],
+                              split={"ood_subtasks": [], "ood_aspects": []})
+        prompts = with_ids("prompt", generate(suites, cfg.world.shapes, AspectTree.load(), seed=3))
+        cands = with_ids("candidate", [c for p in prompts
+                                       for c in gold_candidates(p, cfg.world.gold, cfg.world.shapes, seed=3)[:2]])
+        pu = write_dataset(str(tmp_path / "prompts"), "prompt", prompts, config_hash="p", producer="test").path
+        cu = write_dataset(str(tmp_path / "candidates"), "candidate", cands, config_hash="c", producer="test").path
+        out = str(tmp_path / "labels")
+        # batches of 2 prompts x 2 candidates: the first batch's 4 requests are answered, the second's are not
+        with pytest.raises(Exception, match="requests failed after 2 attempts each .*HTTP 503: overloaded.* down or "
+                                            "overloaded"):
+            judgments.run(cfg, pu, cu, out, role="teacher")
+        assert len(api.bodies) == 4
+        api.up_for = 10**6  # the endpoint is back
+        res = judgments.run(cfg, pu, cu, out, role="teacher")
+        assert res.batches_kept == 1 and len(api.bodies) == 4 + 2  # only the second batch's 2 items asked again
+        clean = judgments.run(cfg, pu, cu, str(tmp_path / "clean"), role="teacher")  # uninterrupted
+    assert res.manifest.content_hash == clean.manifest.content_hash and res.manifest.row_count == len(cands)
+    assert read_rows(out) == read_rows(str(tmp_path / "clean")) and not read_quarantine(out)
