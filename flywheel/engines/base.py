@@ -165,6 +165,11 @@ def resolve_device(device: str = "auto") -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+class EngineFailure(RuntimeError):
+    """Every item of a batch failed, alone as well: the engine is broken (a model that cannot run, a device gone),
+    not the items. Raised so the stage stops instead of quarantining good items; a resume keeps finished batches."""
+
+
 def run_batched(
     items: Sequence[T],
     batch_size: int,
@@ -173,7 +178,8 @@ def run_batched(
     seed: int = 0,
 ) -> list[R]:
     """Run `run(batch, batch_seed)` over batches; if a batch raises, retry its items one at a time so that only
-    the item that really fails gets an error result."""
+    the item that really fails gets an error result. A batch of several items that each fail alone too raises
+    EngineFailure."""
     results: list[R] = []
     for b, start in enumerate(range(0, len(items), batch_size)):
         batch = list(items[start : start + batch_size])
@@ -187,9 +193,16 @@ def run_batched(
                 results.append(on_error(f"{type(e).__name__}: {e}"))
                 continue
             log.warning("engine batch of %d failed (%s); isolating the bad item(s)", len(batch), e)
+        errors: list[Exception] = []
         for i, item in enumerate(batch):
             try:
                 results.extend(run([item], batch_seed * 1000 + i))
             except Exception as e:
+                errors.append(e)
                 results.append(on_error(f"{type(e).__name__}: {e}"))
+        if len(errors) == len(batch):
+            raise EngineFailure(f"all {len(batch)} items of a batch failed, each alone too (first: "
+                                f"{type(errors[0]).__name__}: {errors[0]}): the engine fails, not the items") \
+                from errors[0]
     return results
+

@@ -6,7 +6,7 @@ import pytest
 from PIL import Image
 
 from flywheel.engines import ImageRequest, TextRequest, make_image_engine, make_text_engine
-from flywheel.engines.base import TextResult, run_batched
+from flywheel.engines.base import EngineFailure, TextResult, run_batched
 
 
 def _png(color="red"):
@@ -75,6 +75,17 @@ def test_a_failing_item_inside_a_batch_is_isolated():
     assert [r.text for r in out] == ["A", None, "C", "D"]
     assert "boom item" in out[1].error
     assert calls[0] == ["a", "boom", "c"]  # the batch was tried whole first, then item by item
+
+
+def test_a_batch_whose_every_item_fails_alone_too_is_the_engines_failure_not_the_items():
+    def broken(batch, seed):
+        raise RuntimeError("CUDA error: device lost")
+
+    with pytest.raises(EngineFailure, match=r"all 2 items of a batch failed, each alone too \(first: RuntimeError: "
+                                            r"CUDA error: device lost\)"):
+        run_batched(["a", "b", "c"], 2, broken, lambda e: TextResult(error=e))
+    # one item alone cannot tell the engine from the item: it gets its error, as an isolated bad item does
+    assert run_batched(["a"], 2, broken, lambda e: TextResult(error=e))[0].error.endswith("device lost")
 
 
 def test_sampling_is_seeded(cfg, zoo):
