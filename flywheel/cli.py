@@ -94,6 +94,13 @@ def run(config: ConfigOpt = Path("configs/local.yaml"), overrides: Overrides = N
     except WorkdirBusy as e:
         console.print(f"[red]{e}[/red]")
         raise typer.Exit(2) from None
+    except Exception as e:
+        from flywheel.failures import summary
+
+        logging.getLogger("flywheel").error("iteration stopped", exc_info=True)
+        console.print(f"[red]stopped: {summary(e)}[/red]\nFinished stages, and the finished batches of the one that "
+                      "stopped, are kept: the same command again resumes there.")
+        raise typer.Exit(1) from None
     console.print(f"Browse it: {tracker.ui_hint()}")
 
 

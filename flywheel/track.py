@@ -22,6 +22,7 @@ from mlflow import MlflowClient
 from mlflow.entities import Run
 
 import flywheel
+from flywheel import failures
 from flywheel.config import Config
 
 log = logging.getLogger(__name__)
@@ -104,6 +105,8 @@ class Tracker:
             self.parent = run
             if reopen:
                 self._end_orphaned_stages(reopen)
+                if "flywheel.failure" in run.data.tags:  # the attempt that stopped there is over; its stage keeps it
+                    self.client.delete_tag(reopen, "flywheel.failure")
                 log.info("tracking: iteration %d resumes MLflow run %s in %s", iteration, reopen, self.uri)
             else:
                 params = flatten(self.cfg.model_dump(mode="json"))
@@ -144,7 +147,15 @@ class Tracker:
         with mlflow.start_run(run_name=name, nested=True, experiment_id=self.experiment_id,
                               tags={"flywheel.stage": name, **dict(tags)}) as run:
             log.info("stage %s: MLflow run %s", name, run.info.run_id)
-            yield run
+            try:
+                yield run
+            except BaseException as e:  # the run ends FAILED (KILLED for a Ctrl-C); the tag says why, in the UI
+                why = failures.summary(e)
+                log.error("stage %s stopped: %s", name, why)
+                mlflow.set_tag("flywheel.failure", why)
+                if self.parent is not None:
+                    self.client.set_tag(self.parent.info.run_id, "flywheel.failure", f"stage {name}: {why}")
+                raise
 
     def log_manifest(self, manifest: Any) -> None:
         """A dataset manifest as an artifact, plus its counts as metrics of the active run."""

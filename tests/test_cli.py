@@ -50,3 +50,18 @@ def test_serve_detach_refuses_the_address_an_embedded_ray_left_behind(monkeypatc
     monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
     r = runner.invoke(app, ["serve", "--detach", f"run.workdir={tmp_path}/w"])
     assert r.exit_code == 2 and "--detach needs a Ray cluster" in r.output, r.output
+
+
+def test_run_that_stops_ends_with_why_and_how_to_resume(monkeypatch, tmp_path):
+    """The iteration itself is stood in for (its failures have their own tests): what the command does with one."""
+    from flywheel import iteration, raycluster
+
+    def stops(cfg, n, tracker):
+        raise ConnectionError("teacher endpoint unreachable")
+
+    monkeypatch.setattr(raycluster, "init_ray", lambda cfg: None)
+    monkeypatch.setattr(iteration, "run_iteration", stops)
+    r = runner.invoke(app, ["run", f"run.workdir={tmp_path}/w"])
+    assert r.exit_code == 1, r.output
+    assert "stopped: ConnectionError: teacher endpoint unreachable" in r.output
+    assert "the same command again resumes" in r.output.replace("\n", " ")

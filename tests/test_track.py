@@ -70,3 +70,19 @@ def test_code_version_comes_from_the_submitter_inside_a_job(monkeypatch):
     here = code_version()
     monkeypatch.setenv(CODE_VERSION_ENV, "abc123def456")
     assert code_version() == "abc123def456" != here
+
+
+def test_a_stage_that_stops_says_why_on_its_run_and_the_iterations_until_a_resume(tracked_cfg):
+    tracker = Tracker(tracked_cfg)
+    with pytest.raises(ConnectionError), tracker.iteration(0) as parent:
+        with tracker.stage("labels") as stage:
+            raise ConnectionError("teacher endpoint unreachable\nmore lines the tag leaves out")
+    client = MlflowClient(tracking_uri=tracked_cfg.tracking.uri)
+    s, p = client.get_run(stage.info.run_id), client.get_run(parent.info.run_id)
+    assert s.info.status == "FAILED"
+    assert s.data.tags["flywheel.failure"] == "ConnectionError: teacher endpoint unreachable"
+    assert p.data.tags["flywheel.failure"] == "stage labels: ConnectionError: teacher endpoint unreachable"
+    with tracker.iteration(0, resume_run_id=parent.info.run_id) as again:  # the resume reopens the run
+        assert again.info.run_id == parent.info.run_id
+    assert "flywheel.failure" not in client.get_run(parent.info.run_id).data.tags
+    assert client.get_run(stage.info.run_id).data.tags["flywheel.failure"]  # the stopped stage's record stays

@@ -11,6 +11,7 @@ from flywheel.config import JudgmentsConfig, load_config
 from flywheel.engines import make_text_engine
 from flywheel.engines.http import HTTPTextEngine
 from flywheel.engines.oracle import OracleTextEngine
+from flywheel.failures import summary
 from flywheel.records import with_ids
 from flywheel.stages.judgments import JudgmentsCore
 from flywheel.worlds.shapes.gold import gold_candidates
@@ -160,8 +161,10 @@ def test_a_teacher_outage_stops_the_stage_and_a_resume_asks_only_the_unfinished_
         out = str(tmp_path / "labels")
         # batches of 2 prompts x 2 candidates: the first batch's 4 requests are answered, the second's are not
         with pytest.raises(Exception, match="requests failed after 2 attempts each .*HTTP 503: overloaded.* down or "
-                                            "overloaded"):
+                                            "overloaded") as stopped:
             judgments.run(cfg, pu, cu, out, role="teacher")
+        # under Ray Data's wrappers, the line the log, the CLI and the stage's MLflow run give
+        assert summary(stopped.value).startswith(f"EndpointUnavailable: http://127.0.0.1:{api.port}/v1/chat/")
         assert len(api.bodies) == 4
         api.up_for = 10**6  # the endpoint is back
         res = judgments.run(cfg, pu, cu, out, role="teacher")
