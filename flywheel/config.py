@@ -634,6 +634,9 @@ class Config(StrictModel):
         if stage not in STAGE_SECTIONS:
             raise KeyError(f"no config sections declared for stage {stage!r}")
         data = self.model_dump(mode="json")
+        defaults = HttpEngineConfig().model_dump(mode="json")
+        for role in ("teacher", "judge", "policy"):
+            data[role]["http"].update({k: defaults[k] for k in HTTP_HOW_NOT_WHAT})
         picked = {}
         for dotted in STAGE_SECTIONS[stage]:
             node = data
@@ -648,6 +651,10 @@ class Config(StrictModel):
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
 
 
+# How requests reach an HTTP endpoint, not what it answers: hashed at their defaults, so a stage is not redone (and
+# an API teacher not paid again) after a change of concurrency, retries, timeouts, prices or the key's variable.
+HTTP_HOW_NOT_WHAT = ("max_concurrency", "max_retries", "backoff_initial_s", "backoff_max_s", "timeout_s",
+                     "api_key_env", "price_per_1m_prompt_tokens", "price_per_1m_completion_tokens")
 # What each stage's output depends on (besides its input datasets, which manifests track by content hash).
 STAGE_SECTIONS: dict[str, tuple[str, ...]] = {
     "prompts": ("run.seed", "world.shapes", "world.suites", "prompts", "limits"),

@@ -226,3 +226,15 @@ def test_recipe_warnings_name_a_real_teacher_asked_the_tiny_judges_requests(tmp_
     (warning,) = load_config(REPO_ROOT / "configs/local.yaml", http).recipe_warnings()  # local.yaml: compact
     assert "judge.prompt_style=minos" in warning
     assert load_config(REPO_ROOT / "configs/local.yaml", [*http, "judge.prompt_style=minos"]).recipe_warnings() == []
+
+
+def test_how_an_http_endpoint_is_reached_does_not_redo_its_labels(tmp_path):
+    base = [f"run.workdir={tmp_path}", "teacher.engine=http", "teacher.http.base_url=https://api.example/v1"]
+    hashed = load_config(None, base).stage_hash("judgments-teacher")
+    how = ["teacher.http.max_concurrency=64", "teacher.http.max_retries=9", "teacher.http.timeout_s=600",
+           "teacher.http.backoff_max_s=120", "teacher.http.price_per_1m_prompt_tokens=2.5",
+           "teacher.http.api_key_env=MY_KEY"]
+    assert load_config(None, [*base, *how]).stage_hash("judgments-teacher") == hashed
+    for what in ("teacher.http.model=gpt-y", "teacher.http.base_url=https://other.example/v1",
+                 "teacher.generation.temperature=0.7"):
+        assert load_config(None, [*base, what]).stage_hash("judgments-teacher") != hashed, what
