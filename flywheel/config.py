@@ -168,6 +168,11 @@ class HttpEngineConfig(StrictModel):
     price_per_1m_prompt_tokens: float = Field(0.0, ge=0, description="Cost of a million prompt tokens "
                                               "(e.g. USD), for the cost estimate logged to MLflow.")
     price_per_1m_completion_tokens: float = Field(0.0, ge=0, description="Cost of a million completion tokens.")
+    max_cost_per_stage: float | None = Field(
+        None, gt=0, description="Stop a stage that labels through this endpoint once its estimated cost (the prices "
+        "above) passes this, checked as batches finish (the batches in flight may add to it). Its finished batches "
+        "are kept and this field is not part of the stage's key: raise it (or null it) and run again to go on. "
+        "null: no cap.")
 
 
 TextEngineName = Literal["hf", "vllm", "http", "oracle"]
@@ -652,9 +657,11 @@ class Config(StrictModel):
 
 
 # How requests reach an HTTP endpoint, not what it answers: hashed at their defaults, so a stage is not redone (and
-# an API teacher not paid again) after a change of concurrency, retries, timeouts, prices or the key's variable.
+# an API teacher not paid again) after a change of concurrency, retries, timeouts, prices, the cost cap or the key's
+# variable.
 HTTP_HOW_NOT_WHAT = ("max_concurrency", "max_retries", "backoff_initial_s", "backoff_max_s", "timeout_s",
-                     "api_key_env", "price_per_1m_prompt_tokens", "price_per_1m_completion_tokens")
+                     "api_key_env", "price_per_1m_prompt_tokens", "price_per_1m_completion_tokens",
+                     "max_cost_per_stage")
 # What each stage's output depends on (besides its input datasets, which manifests track by content hash).
 STAGE_SECTIONS: dict[str, tuple[str, ...]] = {
     "prompts": ("run.seed", "world.shapes", "world.suites", "prompts", "limits"),

@@ -518,6 +518,13 @@ def stage_hash(cfg: Config, role: str, served: bool = False) -> str:
     return cfg.stage_hash(f"judgments-{role}")
 
 
+def _cost_cap(cfg: Config, role: str) -> tuple[str, float] | None:
+    """The role's HTTP engine's cap on a stage's estimated cost, if it labels through one with a cap."""
+    section = cfg.teacher if role == "teacher" else cfg.judge
+    cap = section.http.max_cost_per_stage if section.engine == "http" else None
+    return None if cap is None else ("http.cost", cap)
+
+
 def run(cfg: Config, prompts_uri: str, candidates_uri: str, output_uri: str, role: str = "teacher",
         tracker: Any = None, served: bool = False) -> StageResult:
     """Judge the candidates of every prompt with the `role` engine (teacher: cfg.teacher; judge: cfg.judge);
@@ -528,7 +535,7 @@ def run(cfg: Config, prompts_uri: str, candidates_uri: str, output_uri: str, rol
         f"judgments-{role}", inputs=[prompts_uri, candidates_uri], output=output_uri, kind="judgment",
         core_factory=lambda: JudgmentsCore(cfg, candidates_uri=candidates_uri, role=role),
         resources=cfg.resources.labeling, batch_size=cfg.judgments.batch_size,
-        stage_hash=stage_hash(cfg, role, served), limits=cfg.limits, tracker=tracker)
+        stage_hash=stage_hash(cfg, role, served), limits=cfg.limits, tracker=tracker, cap=_cost_cap(cfg, role))
     if not result.skipped:
         from flywheel.datasets import iter_dataset_rows
 

@@ -40,6 +40,10 @@ from flywheel.stages import finished_batches
 log = logging.getLogger(__name__)
 
 
+class CapReached(RuntimeError):
+    """A stage stopped at its cap (e.g. an API teacher's cost): not a failure of its work, which is kept."""
+
+
 @dataclass
 class CoreOutput:
     rows: list[dict] = field(default_factory=list)
@@ -148,8 +152,10 @@ def run_stage(
     stage_hash: str,
     limits: RecordLimits | None = None,
     tracker: Any = None,
+    cap: tuple[str, float] | None = None,
 ) -> StageResult:
-    """Run one stage over the rows of `inputs[0]` (other inputs are context the core reads itself)."""
+    """Run one stage over the rows of `inputs[0]` (other inputs are context the core reads itself). cap: (counter,
+    limit): the stage stops with CapReached once the counter summed over finished batches passes the limit."""
     import ray
 
     limits = limits or RecordLimits()
@@ -204,6 +210,10 @@ def run_stage(
                                    for q in json.loads(part["quarantine"]))
             n_in += int(part["n_in"])
             counters.update(json.loads(part["counters"]))
+            if cap is not None and counters[cap[0]] > cap[1]:
+                raise CapReached(f"stage {name}: {cap[0]} {counters[cap[0]]:.4g} passed its cap {cap[1]:g} after "
+                                 f"{expected + 1} of {n_batches} batches; the finished batches are kept: raise the cap "
+                                 "and run again to go on")
             p = placement.setdefault(part["node"], {"batches": 0, "rows_in": 0, "actors": []})
             p["batches"] += 1
             p["rows_in"] += int(part["n_in"])

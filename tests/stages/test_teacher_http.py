@@ -172,3 +172,35 @@ def test_a_teacher_outage_stops_the_stage_and_a_resume_asks_only_the_unfinished_
         clean = judgments.run(cfg, pu, cu, str(tmp_path / "clean"), role="teacher")  # uninterrupted
     assert res.manifest.content_hash == clean.manifest.content_hash and res.manifest.row_count == len(cands)
     assert read_rows(out) == read_rows(str(tmp_path / "clean")) and not read_quarantine(out)
+
+
+def test_a_cost_cap_stops_the_stage_and_raising_it_goes_on_without_asking_again(ray_local, tmp_path):
+    from flywheel.datasets import read_rows, write_dataset
+    from flywheel.stages import judgments
+    from flywheel.stages.runner import CapReached
+
+    with Endpoint("Analysis: The answer names the right colour.\nRating: 4") as api:
+        # 10 prompt tokens a request at 100,000 per million: 1.0 a request, 4.0 a batch of 2 prompts x 2 candidates
+        base = [f"run.workdir={tmp_path}", "teacher.engine=http", "judgments.batch_size=2",
+                f"teacher.http.base_url=http://127.0.0.1:{api.port}/v1", "teacher.http.model=gpt-x",
+                "teacher.http.price_per_1m_prompt_tokens=100000", "resources.labeling.actors=1",
+                "judgments.samples_per_item=1", "judgments.protocols={iu: [pointwise]}"]
+        cfg = load_config(None, [*base, "teacher.http.max_cost_per_stage=5"])
+        suites = SuitesConfig(prompts_per_subtask=5, subtasks=["iu_color"],
+                              split={"ood_subtasks": [], "ood_aspects": []})
+        prompts = with_ids("prompt", generate(suites, cfg.world.shapes, AspectTree.load(), seed=3))
+        cands = with_ids("candidate", [c for p in prompts
+                                       for c in gold_candidates(p, cfg.world.gold, cfg.world.shapes, seed=3)[:2]])
+        pu = write_dataset(str(tmp_path / "prompts"), "prompt", prompts, config_hash="p", producer="test").path
+        cu = write_dataset(str(tmp_path / "candidates"), "candidate", cands, config_hash="c", producer="test").path
+        out = str(tmp_path / "labels")
+        with pytest.raises(CapReached, match=r"http.cost 8 passed its cap 5 after 2 of 3 batches"):
+            judgments.run(cfg, pu, cu, out, role="teacher")
+        asked = len(api.bodies)
+        assert asked in (8, 10)  # the third batch may have been in flight
+        res = judgments.run(load_config(None, [*base, "teacher.http.max_cost_per_stage=20"]), pu, cu, out,
+                            role="teacher")
+        assert res.batches_kept >= 2 and len(api.bodies) == len(cands) == 10  # no item asked twice
+        assert res.counters["http.cost"] == pytest.approx(10.0)  # the stage's bill, both attempts
+        clean = judgments.run(load_config(None, base), pu, cu, str(tmp_path / "clean"), role="teacher")
+    assert read_rows(out) == read_rows(clean.manifest.path)
