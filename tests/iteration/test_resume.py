@@ -5,10 +5,12 @@ the models the iteration began with (flywheel/iteration_record.py), and a finish
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -25,7 +27,9 @@ from tiny_iteration import TINY
 # Served judging runs one generation per call: Serve's dynamic batches group requests by timing, and another
 # batch's padding changes the floats of a rating (measured: the same run's preference labels hashed differently
 # under load), which would hide what this test compares.
-RUN = [*TINY, "gate.judge_test=none", "gate.judge_margin=-1", "serve.max_batch_size=1"]
+# One prompt per labels batch: the first kill lands after some of the teacher's batches finished, which the resume
+# must take as they are.
+RUN = [*TINY, "gate.judge_test=none", "gate.judge_margin=-1", "serve.max_batch_size=1", "judgments.batch_size=1"]
 
 
 def _start(workdir: Path) -> subprocess.Popen:
@@ -35,14 +39,19 @@ def _start(workdir: Path) -> subprocess.Popen:
 
 
 def _run(workdir: Path, kill_at: str | None = None, timeout: float = 1500,
-         proc: subprocess.Popen | None = None) -> str:
-    """Run an iteration (or wait for one `_start` began) to its end, or SIGKILL it once `stage <kill_at>` shows."""
+         proc: subprocess.Popen | None = None, once: Callable[[], bool] | None = None) -> str:
+    """Run an iteration (or wait for one `_start` began) to its end, or SIGKILL it 2 s after `stage <kill_at>`
+    shows, or (with `once`) as soon as once() holds after that."""
     log = workdir.with_suffix(".log")
     proc = proc or _start(workdir)
     deadline = time.time() + timeout
     while proc.poll() is None and time.time() < deadline:
         if kill_at and f"stage {kill_at}" in log.read_text():
-            time.sleep(2)  # let the stage get under way
+            if once is None:
+                time.sleep(2)  # let the stage get under way
+            elif not once():
+                time.sleep(0.05)
+                continue
             os.killpg(proc.pid, signal.SIGKILL)  # the driver and everything it started, mid-stage
             proc.wait()
             return "killed"
@@ -85,7 +94,9 @@ def test_killed_iteration_resumes_to_the_same_result(tmp_path):
     # depend on timing or load either, and the test takes ~2 minutes less
     reference = _start(straight)
     try:
-        assert _run(resumed, kill_at="labels") == "killed"
+        # killed once the teacher's labels have a finished batch (flywheel/stages/finished_batches.py)
+        labels = Path(paths(_cfg(resumed), 0)["labels"]) / "_batches"
+        assert _run(resumed, kill_at="labels", once=lambda: any(labels.glob("*/*.json"))) == "killed"
         assert _run(resumed, kill_at="preference-candidates") == "killed"  # the judge gate has moved the champion
         assert gate.champion_of(_cfg(resumed), "judge") is not None
         assert _run(resumed) == "done"
@@ -93,6 +104,9 @@ def test_killed_iteration_resumes_to_the_same_result(tmp_path):
         os.killpg(reference.pid, signal.SIGKILL)
         raise
     assert _run(straight, proc=reference) == "done"
+    kept = re.findall(r"stage judgments-teacher: \d+ rows in .*?batches kept from an interrupted attempt (\d+)",
+                      re.sub(r"\s+", " ", resumed.with_suffix(".log").read_text()))  # the log's lines are wrapped
+    assert kept and int(kept[0]) >= 1  # the resume took the killed attempt's finished batches
     a, b = _hashes(straight), _hashes(resumed)
     assert a and a == b
     # the same trainings, each once: none was redone from the iteration's own new judge
