@@ -7,6 +7,9 @@ The oracle world's task suites are the other source (flywheel/worlds/).
 JSONL line format: the prompt record fields (`task`, `subtask`, `query`, optional `split`, `source`,
 `reference_text`, `meta`), with images either inline as base64 PNG/JPEG strings in `images` or as file paths
 relative to the JSONL file in `image_paths`.
+
+A path is a local file or a storage URI (s3://, gs://, file://: flywheel/storage.py), so a cluster reads the
+files from the object store its outputs go to instead of a job's uploaded working directory.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
+from flywheel import storage
 from flywheel.aspects import AspectError, AspectTree
 
 log = logging.getLogger(__name__)
@@ -60,9 +64,10 @@ def _decode_images(values: list, where: str) -> list[bytes]:
 
 
 def read_jsonl(path: str | Path, source: str | None = None) -> tuple[list[dict], list[dict]]:
-    path = Path(path)
+    path = str(path)
+    name, parent = _name(path), path.rsplit("/", 1)[0] if "/" in path else "."
     rows, bad = [], []
-    for n, line in enumerate(path.read_bytes().splitlines(), start=1):
+    for n, line in enumerate(storage.read_bytes(path).splitlines(), start=1):
         if not line.strip():
             continue
         try:
@@ -76,27 +81,34 @@ def read_jsonl(path: str | Path, source: str | None = None) -> tuple[list[dict],
         try:
             images = _decode_images(obj.pop("images", []) or [], f"line {n}: ")
             for k, rel in enumerate(obj.pop("image_paths", []) or []):
-                file = (path.parent / rel).resolve()
-                if not file.is_file():
-                    raise ValueError(f"line {n}: image_paths[{k}]: {rel} not found next to {path.name}")
-                images.append(file.read_bytes())
+                if not isinstance(rel, str):
+                    raise ValueError(f"line {n}: image_paths[{k}]: expected a path, got {type(rel).__name__}")
+                file = rel if rel.startswith("/") or storage.is_uri(rel) else storage.join(parent, rel)
+                if not storage.exists(file):
+                    raise ValueError(f"line {n}: image_paths[{k}]: {rel} not found next to {name}")
+                images.append(storage.read_bytes(file))
         except ValueError as e:
             bad.append(_quarantine(n, str(e), obj, "images"))
             continue
-        rows.append({**_OPTIONAL, "source": source or path.name, **obj, "images": images})
+        rows.append({**_OPTIONAL, "source": source or name, **obj, "images": images})
     return rows, bad
 
 
+def _name(path: str | Path) -> str:
+    return str(path).rstrip("/").rsplit("/", 1)[-1]
+
+
 def read_parquet(path: str | Path, source: str | None = None) -> tuple[list[dict], list[dict]]:
-    rows = pq.read_table(path).to_pylist()
-    return [{**_OPTIONAL, "source": source or Path(path).name, **r} for r in rows], []
+    fs, inside = storage.resolve(path)
+    rows = pq.read_table(inside, filesystem=fs).to_pylist()
+    return [{**_OPTIONAL, "source": source or _name(path), **r} for r in rows], []
 
 
 def read_text_list(path: str | Path, task: str, subtask: str, split: str = "train",
                    source: str | None = None) -> tuple[list[dict], list[dict]]:
     """One query per non-empty line, all of one task/sub-task (e.g. a list of text-to-image prompts)."""
     rows, bad = [], []
-    for n, line in enumerate(Path(path).read_bytes().splitlines(), start=1):
+    for n, line in enumerate(storage.read_bytes(path).splitlines(), start=1):
         try:
             text = line.decode("utf-8").strip()
         except UnicodeDecodeError as e:
@@ -104,7 +116,7 @@ def read_text_list(path: str | Path, task: str, subtask: str, split: str = "trai
             continue
         if text:
             rows.append({**_OPTIONAL, "task": task, "subtask": subtask, "query": text, "images": [],
-                         "split": split, "source": source or Path(path).name})
+                         "split": split, "source": source or _name(path)})
     return rows, bad
 
 
@@ -137,7 +149,7 @@ def files_digest(paths: list[str]) -> str:
     h = hashlib.sha256()
     for path in paths:
         try:
-            h.update(hashlib.sha256(Path(path).read_bytes()).digest())
-        except FileNotFoundError:
+            h.update(hashlib.sha256(storage.read_bytes(path)).digest())
+        except (FileNotFoundError, OSError):  # an object store's missing key is an OSError
             h.update(b"missing:" + str(path).encode())
     return h.hexdigest()[:16]

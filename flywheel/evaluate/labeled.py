@@ -23,6 +23,7 @@ import json
 import logging
 from pathlib import Path
 
+from flywheel import storage
 from flywheel.engines import TextEngine
 from flywheel.evaluate.metrics import PairItem, PointItem, one_verdict_metrics, pairwise_metrics, pointwise_metrics
 from flywheel.judge import pairwise, pointwise
@@ -56,7 +57,7 @@ def _record(kind: str, obj: dict, where: str, **extra) -> dict:
 def load_labeled(path: str | Path, split: str = "id-test") -> tuple[list[dict], list[str]]:
     """Items as {"type", "prompt", "candidates": [..], "gold", "line"}, their prompts in `split`; and the reasons
     of the lines that were refused."""
-    return parse_labeled(Path(path).read_text(encoding="utf-8"), split)
+    return parse_labeled(storage.read_bytes(path).decode("utf-8"), split)  # a local path or a storage URI
 
 
 def parse_labeled(text: str, split: str = "id-test") -> tuple[list[dict], list[str]]:

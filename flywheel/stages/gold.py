@@ -26,7 +26,6 @@ import logging
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -87,8 +86,8 @@ def labeled_gold(path: str, split: str) -> GoldSet:
     except FileNotFoundError:
         raise FileNotFoundError(f"meta_eval.gold_files.{split}: no file at {path}") from None
     require_items(items, refused, f"meta_eval.gold_files.{split}: {path}")
-    gp, gc, gj = gold_rows(items, f"labeled:{Path(path).name}")
-    lines = Path(path).read_text(encoding="utf-8").splitlines()
+    gp, gc, gj = gold_rows(items, f"labeled:{path.rstrip('/').rsplit('/', 1)[-1]}")
+    lines = storage.read_bytes(path).decode("utf-8").splitlines()
     bad = []
     for reason in refused:  # "line <n>: ...": kept raw with its reason
         n = int(reason.split(":", 1)[0].removeprefix("line "))

@@ -7,10 +7,10 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from pathlib import Path
 
 import numpy as np
 
+from flywheel import storage
 from flywheel.config import Config
 
 log = logging.getLogger(__name__)
@@ -47,10 +47,9 @@ def read_heldout_gold(training: str, path: str) -> str:
     """The text of the judge's held-out labeled set (a file with no valid item is refused, by name)."""
     from flywheel.train.heldout_probes import labeled_heldout
 
-    try:
-        text = Path(path).expanduser().read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise FileNotFoundError(f"train.{training}.heldout.gold_file: no file at {path}") from None
+    if not storage.exists(path):
+        raise FileNotFoundError(f"train.{training}.heldout.gold_file: no file at {path}")
+    text = storage.read_bytes(path).decode("utf-8")
     labeled_heldout(text, path)
     return text
 
@@ -63,11 +62,11 @@ def read_heldout_prompts(cfg: Config, training: str, path: str, items: int) -> l
     from flywheel.sources import read_source
 
     where = f"train.{training}.heldout.prompts_file"
-    if not Path(path).expanduser().is_file():
+    if not storage.exists(path):
         raise FileNotFoundError(f"{where}: no file at {path}")
     kind = "parquet" if path.endswith(".parquet") else "jsonl"
     tree = AspectTree.load()
-    rows, bad = read_source({"type": kind, "path": str(Path(path).expanduser())}, tree)
+    rows, bad = read_source({"type": kind, "path": path}, tree)
     if bad:
         log.warning("held-out: %d rows of %s quarantined, e.g. %s", len(bad), path, bad[0]["reason"])
     rows = [r for r in with_ids("prompt", rows) if r["task"] in TASKS[training]]
