@@ -120,7 +120,8 @@ def _print_iteration(n: int, res) -> None:
 
 
 @app.command("eval")
-def eval_judge(data: Annotated[Path, typer.Option(help="Labeled JSONL (format: flywheel/evaluate/labeled.py).")],
+def eval_judge(data: Annotated[str, typer.Option(help="Labeled JSONL (format: flywheel/evaluate/labeled.py): a "
+                                                  "path or a storage URI (s3://...).")],
                judge: Annotated[str, typer.Option(help="The judge: models:/judge@champion, models:/judge/3, a "
                                                        "checkpoint folder, a hub id or zoo:judge.")],
                config: ConfigOpt = Path("configs/local.yaml"), overrides: Overrides = None) -> None:
@@ -130,7 +131,11 @@ def eval_judge(data: Annotated[Path, typer.Option(help="Labeled JSONL (format: f
     from flywheel.evaluate.labeled import evaluate_labeled, load_labeled
 
     cfg = _load(config, [*(overrides or []), f"models.judge.path={judge}"])
-    items, refused = load_labeled(data)
+    try:
+        items, refused = load_labeled(data)
+    except OSError as e:  # a missing local file, or an object store's missing key
+        console.print(f"[red]--data {data}: cannot read it ({e})[/red]")
+        raise typer.Exit(2) from None
     for reason in refused:
         console.print(f"[yellow]refused[/yellow] {reason}")
     if not items:

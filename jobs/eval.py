@@ -2,8 +2,8 @@
 
 Evaluates a judge (models:/judge@champion, models:/judge/3, a checkpoint folder, a hub id, zoo:judge) on a labeled
 JSONL set (format: flywheel/evaluate/labeled.py) and prints its metrics to the job's log (`ray job logs <id>`).
-The data path is read where the job runs: give an absolute path on shared storage, or one inside the uploaded
-working directory.
+The data is read where the job runs: give a storage URI (s3://...), an absolute path on shared storage, or a path
+inside the uploaded working directory.
 """
 
 import sys

@@ -65,3 +65,12 @@ def test_run_that_stops_ends_with_why_and_how_to_resume(monkeypatch, tmp_path):
     assert r.exit_code == 1, r.output
     assert "stopped: ConnectionError: teacher endpoint unreachable" in r.output
     assert "the same command again resumes" in r.output.replace("\n", " ")
+
+
+def test_eval_reads_a_storage_uri_and_names_a_missing_file(tmp_path):
+    """`--data` is a string, not a Path: Path("s3://b/x") would collapse to "s3:/b/x"."""
+    r = runner.invoke(app, ["eval", "--data", f"file://{tmp_path}/missing.jsonl", "--judge", "zoo:judge",
+                            f"run.workdir={tmp_path}"])
+    said = r.output.replace("\n", "")  # rich wraps the long path; no space is lost inside it
+    assert r.exit_code == 2 and f"--data file://{tmp_path}/missing.jsonl:" in said and "cannot read it" in " ".join(
+        r.output.split())
