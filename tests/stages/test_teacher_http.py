@@ -82,6 +82,20 @@ def test_a_teacher_engine_without_a_served_model_is_refused_by_name(tmp_path):
         load_config(None, [f"run.workdir={tmp_path}", "teacher.engine=hf"])
 
 
+def _stage_inputs(cfg, tmp_path, prompts_per_subtask: int) -> tuple[str, str, list[dict]]:
+    """The labels stage's inputs on storage: colour questions, two gold candidates each."""
+    from flywheel.datasets import write_dataset
+
+    suites = SuitesConfig(prompts_per_subtask=prompts_per_subtask, subtasks=["iu_color"],
+                          split={"ood_subtasks": [], "ood_aspects": []})
+    prompts = with_ids("prompt", generate(suites, cfg.world.shapes, AspectTree.load(), seed=3))
+    cands = with_ids("candidate", [c for p in prompts
+                                   for c in gold_candidates(p, cfg.world.gold, cfg.world.shapes, seed=3)[:2]])
+    pu = write_dataset(str(tmp_path / "prompts"), "prompt", prompts, config_hash="p", producer="test").path
+    cu = write_dataset(str(tmp_path / "candidates"), "candidate", cands, config_hash="c", producer="test").path
+    return pu, cu, cands
+
+
 @pytest.fixture(scope="module")
 def ray_local():
     import ray
@@ -96,7 +110,6 @@ def test_the_teachers_requests_tokens_and_cost_reach_the_stages_run(ray_local, t
     # to the stage and is summed there (a paid teacher's bill, per stage)
     from mlflow import MlflowClient
 
-    from flywheel.datasets import write_dataset
     from flywheel.stages import judgments
     from flywheel.track import Tracker
 
@@ -106,13 +119,7 @@ def test_the_teachers_requests_tokens_and_cost_reach_the_stages_run(ray_local, t
                                  "teacher.http.price_per_1m_prompt_tokens=2.5",
                                  "teacher.http.price_per_1m_completion_tokens=10", "judgments.batch_size=2",
                                  "judgments.samples_per_item=1", "judgments.protocols={iu: [pointwise]}"])
-        suites = SuitesConfig(prompts_per_subtask=3, subtasks=["iu_color"],
-                              split={"ood_subtasks": [], "ood_aspects": []})
-        prompts = with_ids("prompt", generate(suites, cfg.world.shapes, AspectTree.load(), seed=3))
-        cands = with_ids("candidate", [c for p in prompts
-                                       for c in gold_candidates(p, cfg.world.gold, cfg.world.shapes, seed=3)[:2]])
-        pu = write_dataset(str(tmp_path / "prompts"), "prompt", prompts, config_hash="p", producer="test").path
-        cu = write_dataset(str(tmp_path / "candidates"), "candidate", cands, config_hash="c", producer="test").path
+        pu, cu, cands = _stage_inputs(cfg, tmp_path, prompts_per_subtask=3)
         tracker = Tracker(cfg)
         with tracker.iteration(0), tracker.stage("labels") as run:
             res = judgments.run(cfg, pu, cu, str(tmp_path / "labels"), role="teacher", tracker=tracker)
@@ -142,7 +149,7 @@ class FailingEndpoint(Endpoint):
 def test_a_teacher_outage_stops_the_stage_and_a_resume_asks_only_the_unfinished_batches(ray_local, tmp_path):
     """An endpoint that fails every retry is not a bad item: the stage stops rather than quarantine good items, and
     the next attempt keeps the batch that finished (a paid teacher is not asked twice)."""
-    from flywheel.datasets import read_quarantine, read_rows, write_dataset
+    from flywheel.datasets import read_quarantine, read_rows
     from flywheel.stages import judgments
 
     with FailingEndpoint("Analysis: The answer names the right colour.\nRating: 4", up_for=4) as api:
@@ -151,13 +158,7 @@ def test_a_teacher_outage_stops_the_stage_and_a_resume_asks_only_the_unfinished_
                                  "teacher.http.max_retries=1", "teacher.http.backoff_initial_s=0.01",
                                  "resources.labeling.actors=1", "judgments.samples_per_item=1",
                                  "judgments.protocols={iu: [pointwise]}"])
-        suites = SuitesConfig(prompts_per_subtask=3, subtasks=["iu_color"],
-                              split={"ood_subtasks": [], "ood_aspects": []})
-        prompts = with_ids("prompt", generate(suites, cfg.world.shapes, AspectTree.load(), seed=3))
-        cands = with_ids("candidate", [c for p in prompts
-                                       for c in gold_candidates(p, cfg.world.gold, cfg.world.shapes, seed=3)[:2]])
-        pu = write_dataset(str(tmp_path / "prompts"), "prompt", prompts, config_hash="p", producer="test").path
-        cu = write_dataset(str(tmp_path / "candidates"), "candidate", cands, config_hash="c", producer="test").path
+        pu, cu, cands = _stage_inputs(cfg, tmp_path, prompts_per_subtask=3)
         out = str(tmp_path / "labels")
         # batches of 2 prompts x 2 candidates: the first batch's 4 requests are answered, the second's are not
         with pytest.raises(Exception, match="requests failed after 2 attempts each .*HTTP 503: overloaded.* down or "
@@ -175,7 +176,7 @@ def test_a_teacher_outage_stops_the_stage_and_a_resume_asks_only_the_unfinished_
 
 
 def test_a_cost_cap_stops_the_stage_and_raising_it_goes_on_without_asking_again(ray_local, tmp_path):
-    from flywheel.datasets import read_rows, write_dataset
+    from flywheel.datasets import read_rows
     from flywheel.stages import judgments
     from flywheel.stages.runner import CapReached
 
@@ -186,13 +187,7 @@ def test_a_cost_cap_stops_the_stage_and_raising_it_goes_on_without_asking_again(
                 "teacher.http.price_per_1m_prompt_tokens=100000", "resources.labeling.actors=1",
                 "judgments.samples_per_item=1", "judgments.protocols={iu: [pointwise]}"]
         cfg = load_config(None, [*base, "teacher.http.max_cost_per_stage=5"])
-        suites = SuitesConfig(prompts_per_subtask=5, subtasks=["iu_color"],
-                              split={"ood_subtasks": [], "ood_aspects": []})
-        prompts = with_ids("prompt", generate(suites, cfg.world.shapes, AspectTree.load(), seed=3))
-        cands = with_ids("candidate", [c for p in prompts
-                                       for c in gold_candidates(p, cfg.world.gold, cfg.world.shapes, seed=3)[:2]])
-        pu = write_dataset(str(tmp_path / "prompts"), "prompt", prompts, config_hash="p", producer="test").path
-        cu = write_dataset(str(tmp_path / "candidates"), "candidate", cands, config_hash="c", producer="test").path
+        pu, cu, cands = _stage_inputs(cfg, tmp_path, prompts_per_subtask=5)
         out = str(tmp_path / "labels")
         with pytest.raises(CapReached, match=r"http.cost 8 passed its cap 5 after 2 of 3 batches"):
             judgments.run(cfg, pu, cu, out, role="teacher")
