@@ -116,6 +116,27 @@ class _CoreActor:
 _BATCH_FIELDS = ("batch", "n_in", "part", "rows", "lines", "size", "quarantine", "node", "actor", "counters")
 
 
+class _Progress:
+    """The share of a running stage's batches done, as metrics of its MLflow run (`progress.batches`,
+    `progress.fraction`, stepped by batches done): a long stage is followed in the MLflow UI while it runs, not
+    only once it ends. At most one log every PROGRESS_EVERY_S seconds, and the last."""
+
+    def __init__(self, n_batches: int, tracked: bool):
+        self.n, self.tracked, self.last = n_batches, tracked, 0.0
+
+    def batch_done(self, done: int) -> None:
+        now = time.monotonic()
+        if not self.tracked or (done < self.n and now - self.last < PROGRESS_EVERY_S):
+            return
+        import mlflow
+
+        self.last = now
+        mlflow.log_metrics({"progress.batches": done, "progress.fraction": done / self.n}, step=done)
+
+
+PROGRESS_EVERY_S = 15.0
+
+
 def _absolute(uri: str) -> str:
     """A plain path made absolute in the driver: actors on other nodes run in other working directories."""
     return uri if storage.is_uri(uri) else os.path.abspath(os.path.expanduser(uri))
@@ -174,6 +195,7 @@ def run_stage(
     todo = [i for i in range(n_batches) if i not in kept]
     writer = PartsWriter(output, kind, config_hash=stage_hash, producer=name, upstream=upstream)
     n_in, placement, counters = 0, {}, Counter()
+    progress = _Progress(n_batches, tracker is not None)
     try:
         made = iter(())
         if todo:
@@ -214,6 +236,7 @@ def run_stage(
                 raise CapReached(f"stage {name}: {cap[0]} {counters[cap[0]]:.4g} passed its cap {cap[1]:g} after "
                                  f"{expected + 1} of {n_batches} batches; the finished batches are kept: raise the cap "
                                  "and run again to go on")
+            progress.batch_done(expected + 1)
             p = placement.setdefault(part["node"], {"batches": 0, "rows_in": 0, "actors": []})
             p["batches"] += 1
             p["rows_in"] += int(part["n_in"])

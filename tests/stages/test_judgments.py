@@ -157,5 +157,8 @@ def test_run_through_ray_with_tracking(ray_local, jcfg, prompts, candidates, ora
     metrics = MlflowClient(tracker.uri).get_run(run.info.run_id).data.metrics
     assert metrics["parse_failure_rate"] == 0.0 and metrics["judgments"] == len(rows)
     assert any(k.startswith("score_hist.pointwise.") for k in metrics)
+    n_batches = -(-len(prompts) // jcfg.judgments.batch_size)
+    progress = MlflowClient(tracker.uri).get_metric_history(run.info.run_id, "progress.fraction")
+    assert progress[0].step == 1 and progress[-1].value == 1.0 and progress[-1].step == n_batches  # first and last
     assert stage.run(jcfg, pu, cu, out_uri, role="teacher").skipped
     assert stage.stage_hash(jcfg, "teacher") != stage.stage_hash(jcfg, "judge")  # a judge run never reuses it
