@@ -76,6 +76,7 @@ class OurJob:
     status: str
     start_time: float | None = None  # seconds since the epoch
     end_time: float | None = None
+    why: str | None = None  # a failed job's last words (`flywheel run` ends with "stopped: <why>"), see last_words
 
     def __post_init__(self):
         if self.status not in STATUSES:
@@ -118,14 +119,15 @@ def decide(jobs: Iterable[OurJob], first_iteration: int = 0, max_attempts: int =
         n = max(last.iteration + 1, first_iteration)
         return Decision("submit", f"iteration {last.iteration} succeeded ({last.submission_id}): starting "
                         f"iteration {n}", iteration=n, attempt=1, job=last.submission_id)
+    why = f" [{last.why}]" if last.why else ""
     if last.attempt >= max_attempts:
         return Decision("halt", f"iteration {last.iteration} ended {last.status} in all {last.attempt} attempts "
-                        f"(last: {last.submission_id}); not resubmitting it — look at `ray job logs "
+                        f"(last: {last.submission_id}{why}); not resubmitting it — look at `ray job logs "
                         f"{last.submission_id}`, fix the cause, then start the schedule again with "
                         f"--max-attempts {last.attempt + 1} (resumes it), or with --start {last.iteration + 1} "
                         "once you have finished it yourself",
                         iteration=last.iteration, job=last.submission_id)
-    return Decision("submit", f"iteration {last.iteration} ended {last.status} ({last.submission_id}): resuming "
+    return Decision("submit", f"iteration {last.iteration} ended {last.status} ({last.submission_id}{why}): resuming "
                     f"it (attempt {last.attempt + 1} of {max_attempts}) before any next one",
                     iteration=last.iteration, attempt=last.attempt + 1, resume=True, job=last.submission_id)
 
@@ -214,7 +216,7 @@ class DecisionLog:
                 jobs[sid] = OurJob(sid, int(r["iteration"]), int(r["attempt"]), "LOST")
             elif r.get("event") == "job-ended" and sid in jobs and r.get("status") in STATUSES:
                 j = jobs[sid]
-                jobs[sid] = OurJob(sid, j.iteration, j.attempt, r["status"])
+                jobs[sid] = OurJob(sid, j.iteration, j.attempt, r["status"], why=r.get("why"))
         return jobs
 
 
@@ -276,7 +278,8 @@ class IterationJobs:
                 continue
             status = getattr(d.status, "value", str(d.status))
             out.append(OurJob(sid, iteration, attempt, status, d.start_time / 1000 if d.start_time else None,
-                              d.end_time / 1000 if d.end_time else None))
+                              d.end_time / 1000 if d.end_time else None,
+                              last_words(d.message) if status in ("FAILED", "STOPPED") else None))
         return out
 
     def submit(self, iteration: int, attempt: int) -> str:
@@ -321,7 +324,7 @@ class Scheduler:
                 self.decisions.write({"event": "job-ended", "schedule": self.jobs.name,
                                       "submission_id": j.submission_id, "iteration": j.iteration,
                                       "attempt": j.attempt, "status": j.status, "start_time": j.start_time,
-                                      "end_time": j.end_time})
+                                      "end_time": j.end_time, "why": j.why})
                 log.info("schedule: %s (iteration %d, attempt %d) ended %s", j.submission_id, j.iteration, j.attempt,
                          j.status)
         return list(live.values())
@@ -404,6 +407,18 @@ class Scheduler:
             t = timing.next_after(t)
             while t <= self.clock():  # ticks missed while a tick ran are skipped, not caught up
                 t = timing.next_after(t)
+
+
+def last_words(message: str | None, limit: int = 300) -> str | None:
+    """Why a failed job ended, from its Jobs API message (which ends with the tail of its log): the `stopped: ...`
+    line `flywheel run` ends with (rich may have wrapped it), else the message's last line."""
+    if not message:
+        return None
+    flat = " ".join(message.split())
+    at = flat.rfind("stopped: ")
+    words = flat[at:] if at >= 0 else message.strip().splitlines()[-1].strip()
+    words = words.split(" Finished stages,")[0]  # the resume hint after it says nothing about this job
+    return words if len(words) <= limit else words[: limit - 3] + "..."
 
 
 def config_relative_to(config: Path, working_dir: Path) -> str:

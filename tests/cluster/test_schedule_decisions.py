@@ -13,8 +13,8 @@ from flywheel.schedule import (DecisionLog, IterationJobs, OurJob, ScheduleError
                                parse_every)
 
 
-def job(iteration, attempt, status, sid=None):
-    return OurJob(sid or f"flywheel-local-it{iteration:04d}-a{attempt}", iteration, attempt, status)
+def job(iteration, attempt, status, sid=None, why=None):
+    return OurJob(sid or f"flywheel-local-it{iteration:04d}-a{attempt}", iteration, attempt, status, why=why)
 
 
 def test_first_tick_starts_the_first_iteration():
@@ -256,3 +256,35 @@ def test_a_config_and_every_file_it_extends_must_reach_the_job(tmp_path):
     mine.write_text("extends: gone.yaml\n")
     with pytest.raises(ScheduleError, match="names no file"):
         config_relative_to(mine, work)
+
+
+def test_a_failed_jobs_last_words_reach_the_decision_log_and_the_reasons(tmp_path):
+    """The Jobs API's message of a failed job ends with its log's tail: `flywheel run`'s "stopped: ..." (wrapped
+    by rich) is what a person needs to read first, in the decision log and in a halt's reason."""
+    from flywheel.schedule import last_words
+
+    message = ("Job entrypoint command failed with exit code 1, last available logs (truncated to 20,000 chars):\n"
+               "  File \"...\", line 9\n[11/30/26 02:20:17] ERROR iteration stopped\nstopped: CapReached: stage "
+               "judgments-teacher: http.cost 201 passed\nits cap 200 after 35 of 60 batches\nFinished stages, and the "
+               "finished batches of the one that stopped, are kept: the same command again resumes there.\n")
+    why = "stopped: CapReached: stage judgments-teacher: http.cost 201 passed its cap 200 after 35 of 60 batches"
+    assert last_words(message) == why
+    assert last_words("Job was intentionally stopped.") == "Job was intentionally stopped." and last_words("") is None
+
+    cluster = FlakyCluster(down_for=0)
+    cluster.list_jobs = lambda: [SimpleNamespace(
+        submission_id="flywheel-local-it0000-a1-x", status="FAILED", start_time=None, end_time=None,
+        message=message, metadata={"flywheel.schedule": "flywheel-local", "flywheel.iteration": "0",
+                                   "flywheel.attempt": "1"})]
+    cluster.submit_job = lambda **kw: kw["submission_id"]
+    scheduler = Scheduler(IterationJobs(cluster, "flywheel-local", "configs/local.yaml"),
+                          DecisionLog(tmp_path / "d.jsonl"), max_attempts=2)
+    d, _ = scheduler.tick()
+    assert d.action == "submit" and d.resume and why in d.reason
+    ended = [r for r in DecisionLog(tmp_path / "d.jsonl").records() if r["event"] == "job-ended"]
+    assert ended[0]["why"] == why
+    log = DecisionLog(tmp_path / "d.jsonl")  # a cluster that forgot the job: the log still says why it ended
+    log.write({"event": "submitted", "schedule": "s", "submission_id": "a", "iteration": 0, "attempt": 1})
+    log.write({"event": "job-ended", "schedule": "s", "submission_id": "a", "status": "FAILED", "why": why})
+    assert log.remembered("s")["a"].why == why
+    assert why in decide([job(0, 1, "FAILED", why=why), job(0, 2, "FAILED", why=why)], max_attempts=2).reason
