@@ -11,7 +11,7 @@ import typer
 from rich.console import Console
 from rich.logging import RichHandler
 
-from flywheel.clitools import load_or_exit
+from flywheel.clitools import load_or_exit, says_why_it_stopped
 from flywheel.serve.cli import serve_command
 from flywheel.train.cli import train_app
 
@@ -55,11 +55,12 @@ def models_build(config: ConfigOpt = Path("configs/local.yaml"), overrides: Over
     from flywheel.models.zoo import build_world, build_zoo
 
     cfg = _load(config, overrides)
-    for name, path in build_zoo(cfg, force=force).items():
-        console.print(f"zoo:{name:10s} {path}")
-    for name, (path, metrics) in build_world(cfg).items():
-        shown = ", ".join(f"{k} {v:.3g}" for k, v in sorted(metrics.items()) if isinstance(v, int | float))
-        console.print(f"world:{name:8s} {path}  ({shown})")
+    with says_why_it_stopped(console, "A judge or policy build goes on from its last save when run again."):
+        for name, path in build_zoo(cfg, force=force).items():
+            console.print(f"zoo:{name:10s} {path}")
+        for name, (path, metrics) in build_world(cfg).items():
+            shown = ", ".join(f"{k} {v:.3g}" for k, v in sorted(metrics.items()) if isinstance(v, int | float))
+            console.print(f"world:{name:8s} {path}  ({shown})")
 
 
 @app.command("run")
@@ -85,8 +86,11 @@ def run(config: ConfigOpt = Path("configs/local.yaml"), overrides: Overrides = N
         console.print(f"[red]--iterations {iterations}: must be at least 1[/red]")
         raise typer.Exit(2)
     last = start + iterations - 1
+    resume = "Finished stages, and the finished batches of the one that stopped, are kept: the same command again " \
+             "resumes there."
     try:  # taken before Ray starts, so a busy workdir is refused at once; each iteration holds it again (nested)
-        with holding(cfg.run.workdir, f"iteration {start}" if iterations == 1 else f"iterations {start}-{last}"):
+        with holding(cfg.run.workdir, f"iteration {start}" if iterations == 1 else f"iterations {start}-{last}"), \
+                says_why_it_stopped(console, resume):
             init_ray(cfg)
             tracker = Tracker(cfg)
             for n in range(start, last + 1):
@@ -94,13 +98,6 @@ def run(config: ConfigOpt = Path("configs/local.yaml"), overrides: Overrides = N
     except WorkdirBusy as e:
         console.print(f"[red]{e}[/red]")
         raise typer.Exit(2) from None
-    except Exception as e:
-        from flywheel.failures import summary
-
-        logging.getLogger("flywheel").error("iteration stopped", exc_info=True)
-        console.print(f"[red]stopped: {summary(e)}[/red]\nFinished stages, and the finished batches of the one that "
-                      "stopped, are kept: the same command again resumes there.")
-        raise typer.Exit(1) from None
     console.print(f"Browse it: {tracker.ui_hint()}")
 
 
@@ -141,8 +138,9 @@ def eval_judge(data: Annotated[str, typer.Option(help="Labeled JSONL (format: fl
     if not items:
         console.print(f"[red]no valid items in {data}[/red]")
         raise typer.Exit(2)
-    metrics = evaluate_labeled(make_text_engine(cfg, "judge"), items, cfg.judge.prompt_style,
-                               cfg.judge.rating_readout)
+    with says_why_it_stopped(console):
+        metrics = evaluate_labeled(make_text_engine(cfg, "judge"), items, cfg.judge.prompt_style,
+                                   cfg.judge.rating_readout)
     console.print(f"{len(items)} items ({len(refused)} refused) judged by {judge}:")
     for k, v in metrics.items():
         console.print(f"  {k:36s} {v:.4f}")

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import typer
@@ -17,3 +20,19 @@ def load_or_exit(config: Path, overrides: list[str] | None, console: Console) ->
     except ConfigError as e:
         console.print(f"[red]{e}[/red]")
         raise typer.Exit(2) from None
+
+
+@contextmanager
+def says_why_it_stopped(console: Console, then: str = "") -> Iterator[None]:
+    """A long command that fails ends with one line saying why (flywheel/failures.py), the traceback logged above
+    it, then `then` (how to go on), and exit code 1."""
+    try:
+        yield
+    except (typer.Exit, typer.Abort, KeyboardInterrupt):
+        raise
+    except Exception as e:
+        from flywheel.failures import summary
+
+        logging.getLogger("flywheel").error("stopped", exc_info=True)
+        console.print(f"[red]stopped: {summary(e)}[/red]" + (f"\n{then}" if then else ""))
+        raise typer.Exit(1) from None

@@ -36,18 +36,19 @@ def _run(training: str, config: Path, data: str, base: str | None, iteration: in
          run_name: str | None, overrides: list[str] | None, method: str | None = None) -> None:
     from rich.console import Console
 
-    from flywheel.clitools import load_or_exit
+    from flywheel.clitools import load_or_exit, says_why_it_stopped
     from flywheel.train.api import train
     from flywheel.train.errors import NonFiniteLossError
 
     console = Console(soft_wrap=True)
     cfg = load_or_exit(config, overrides, console)
-    try:
-        result = train(cfg, training, data, base=base, iteration=iteration, register=register, fresh=fresh,
-                       run_name=run_name, method=method)
-    except NonFiniteLossError as e:
-        console.print(f"[red]{e}[/red]")
-        raise typer.Exit(3) from None
+    with says_why_it_stopped(console, "Its checkpoints are kept: the same command again goes on from the last."):
+        try:
+            result = train(cfg, training, data, base=base, iteration=iteration, register=register, fresh=fresh,
+                           run_name=run_name, method=method)
+        except NonFiniteLossError as e:
+            console.print(f"[red]{e}[/red]")
+            raise typer.Exit(3) from None
     if result.reused:
         console.print(f"{training}: identical training already registered: [bold]{result.model_uri}[/bold]")
         return
