@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 
 _EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_]\w*\.)*([A-Za-z_]\w*(?:Error|Exception|Unavailable|Failure|Mismatch|"
-                             r"Exit|Interrupt|Busy|Key)): (.+)$")
+                             r"Exit|Interrupt|Busy|Key|Reached)): (.+)$")
 _WRAPPERS = ("RayTaskError", "UserCodeException", "RayActorError", "TrainingFailedError", "WorkerGroupError")
 
 
