@@ -38,7 +38,7 @@ class IterationRow:
     iteration: int
     run_id: str
     status: str
-    problem: str = ""  # why the row is empty though the run finished (an unreadable summary)
+    problem: str = ""  # why the row is empty: an unreadable summary, or what stopped it (flywheel.failure)
     judge: dict[str, float] = field(default_factory=dict)  # "<split>/<column>", e.g. "id/ranking"
     # the accuracies' CONFIDENCE intervals over the n gold pairs behind them: a small gold set moves by chance
     judge_interval: dict[str, list[float]] = field(default_factory=dict)
@@ -149,6 +149,7 @@ def iteration_rows(cfg: Config) -> list[IterationRow]:
             except ValueError as e:
                 problem = f"summary/summary.json is not JSON: {e}"
             row = row_of(n, run.info.run_id, run.info.status, summary, metrics)
-            row.problem = problem
+            stopped = run.data.tags.get("flywheel.failure")  # set by a stage that stopped, until a resume
+            row.problem = problem or (f"stopped at {stopped}; the same command again resumes it" if stopped else "")
             rows.append(row)
     return rows

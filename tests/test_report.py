@@ -147,6 +147,19 @@ def test_an_unreadable_summary_is_named_and_the_other_iterations_still_show(tmp_
     assert out.exit_code == 0 and "iteration 1" in out.output and "not JSON" in out.output
 
 
+def test_a_stopped_iteration_says_where_and_why(tmp_path):
+    cfg = load_config(None, [f"run.workdir={tmp_path}", "run.name=report-stopped"])
+    tracker = Tracker(cfg)
+    _iteration(tracker, 0, 0.63)
+    with pytest.raises(ConnectionError), tracker.iteration(1), tracker.stage("labels"):
+        raise ConnectionError("teacher endpoint unreachable")
+    mlflow.set_tracking_uri(None)
+    rows = iteration_rows(cfg)
+    assert rows[0].problem == "" and rows[1].status == "FAILED"
+    assert rows[1].problem == ("stopped at stage labels: ConnectionError: teacher endpoint unreachable; the same "
+                               "command again resumes it")
+
+
 def test_the_iteration_description_names_the_sub_tasks_worst_first():
     summary = {"iteration": 3, "decisions": [], "downstream": {}, "seconds": {}, "counts": {},
                "meta_eval": {"challenger": _meta(0.73), "teacher": _meta(0.95)}}
