@@ -55,7 +55,7 @@ def models_build(config: ConfigOpt = Path("configs/local.yaml"), overrides: Over
     from flywheel.models.zoo import build_world, build_zoo
 
     cfg = _load(config, overrides)
-    with says_why_it_stopped(console, "A judge or policy build goes on from its last save when run again."):
+    with says_why_it_stopped(console, "A base build goes on from its last save when run again."):
         for name, path in build_zoo(cfg, force=force).items():
             console.print(f"zoo:{name:10s} {path}")
         for name, (path, metrics) in build_world(cfg).items():

@@ -397,3 +397,56 @@ def test_a_resumed_sft_reports_the_whole_runs_loss():
     assert run_loss([], 5.0, start=0, steps=6) == 5.0
     with pytest.raises(ValueError, match="step 3 logged losses only up to step 2"):
         run_loss(history, 5.0, start=3, steps=6)
+
+
+def test_a_killed_generator_build_goes_on_where_it_stopped(cfg, zoo, small, tmp_path, monkeypatch):
+    """Killed once in its VAE phase and once in its UNet phase, the SDXL build goes on from its last saves each
+    time and ends with the weights, scaling factor and metrics of a build never killed."""
+    import json
+
+    import torch
+    from safetensors.torch import load_file
+
+    from flywheel.worlds.shapes import base_policies
+
+    gen = BasePoliciesConfig.model_validate(small.model_dump() | {"generator": {
+        "vae_steps": 4, "unet_steps": 4, "batch_size": 2, "vae_batch_size": 2}})
+    reference, ref_metrics = build_base_generator(zoo["generator"], tmp_path / "a", cfg.world.shapes, gen, seed=0)
+    make = base_policies.generator_examples
+
+    def dies_at(call: int):
+        """Examples that stop the build at the call-th draw: the VAE draws once a step then once to scale its
+        latents (4 + 1 here), the UNet once a step."""
+        def examples_of(world):
+            inner, calls = make(world), []
+
+            def draw(rng, n):
+                calls.append(n)
+                if len(calls) == call:
+                    raise Killed
+                return inner(rng, n)
+            return draw
+        return examples_of
+
+    # killed at VAE step 2 (steps 0-1 saved); then, going on from there (VAE steps 2-3, the scaling draw, UNet steps
+    # 0-1 saved), at UNet step 2
+    for call in (3, 6):
+        monkeypatch.setattr(base_policies, "generator_examples", dies_at(call))
+        with pytest.raises(Killed):
+            build_base_generator(zoo["generator"], tmp_path / "b", cfg.world.shapes, gen, seed=0)
+    (tmp,) = (tmp_path / "b").iterdir()
+    assert sorted(p.name for p in (tmp / "state").iterdir()) == ["unet", "vae", "vae-done"]
+    draws = []
+    monkeypatch.setattr(base_policies, "generator_examples",
+                        lambda world: lambda rng, n: draws.append(n) or make(world)(rng, n))
+    resumed, metrics = build_base_generator(zoo["generator"], tmp_path / "b", cfg.world.shapes, gen, seed=0)
+    assert draws == [2, 2]  # UNet steps 2-3 only: the VAE and the UNet's first steps were not made again
+    assert not (resumed / "state").exists() and sorted(p.name for p in (tmp_path / "b").iterdir()) == [resumed.name]
+    for k in ("vae_loss", "vae_psnr_db", "unet_loss"):
+        assert metrics[k] == ref_metrics[k], k
+    for part in ("unet", "vae"):
+        want = load_file(reference / part / "diffusion_pytorch_model.safetensors")
+        got = load_file(resumed / part / "diffusion_pytorch_model.safetensors")
+        assert want.keys() == got.keys() and all(torch.equal(want[n], got[n]) for n in want), part
+    assert json.loads((resumed / "vae" / "config.json").read_text())["scaling_factor"] == json.loads(
+        (reference / "vae" / "config.json").read_text())["scaling_factor"]

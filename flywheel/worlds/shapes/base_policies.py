@@ -146,7 +146,14 @@ def build_base_generator(zoo_generator: Path, root: Path, world: ShapesWorldConf
     out = generator_dir(zoo_generator, root, world, cfg, seed)
     examples = generator_examples(world)
     log.info("base policy: SDXL pretraining → %s", out)
-    return _build(out, lambda tmp: pretrain_generator(zoo_generator, tmp, examples, cfg.generator, seed))
+    return _build(out, lambda tmp: _generator_steps(zoo_generator, tmp, examples, cfg.generator, seed), resume=True)
+
+
+def _generator_steps(zoo: Path, out: Path, examples, cfg, seed: int) -> dict:
+    """pretrain_generator, resumable: its states inside the build's temp folder, removed once it is done."""
+    metrics = pretrain_generator(zoo, out, examples, cfg, seed, state_dir=out / "state")
+    shutil.rmtree(out / "state", ignore_errors=True)
+    return metrics
 
 
 def build_base_judge(zoo_judge: Path, root: Path, world: ShapesWorldConfig, cfg: BasePoliciesConfig,
