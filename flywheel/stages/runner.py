@@ -232,7 +232,7 @@ def run_stage(
                                    for q in json.loads(part["quarantine"]))
             n_in += int(part["n_in"])
             counters.update(json.loads(part["counters"]))
-            if cap is not None and counters[cap[0]] > cap[1]:
+            if cap is not None and counters[cap[0]] > cap[1] and expected + 1 < n_batches:  # work left to stop
                 raise CapReached(f"stage {name}: {cap[0]} {counters[cap[0]]:.4g} passed its cap {cap[1]:g} after "
                                  f"{expected + 1} of {n_batches} batches; the finished batches are kept: raise the cap "
                                  "and run again to go on")
