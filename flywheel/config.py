@@ -170,9 +170,9 @@ class HttpEngineConfig(StrictModel):
     price_per_1m_completion_tokens: float = Field(0.0, ge=0, description="Cost of a million completion tokens.")
     max_cost_per_stage: float | None = Field(
         None, gt=0, description="Stop a stage that labels through this endpoint once its estimated cost (the prices "
-        "above) passes this, checked as batches finish (the batches in flight may add to it). Its finished batches "
-        "are kept and this field is not part of the stage's key: raise it (or null it) and run again to go on. "
-        "null: no cap.")
+        "above) passes this with batches left, checked as batches finish (those in flight may add to it). Its "
+        "finished batches are kept and this field is not part of the stage's key: raise it (or null it) and run "
+        "again to go on. null: no cap.")
 
 
 TextEngineName = Literal["hf", "vllm", "http", "oracle"]
