@@ -169,10 +169,10 @@ class HttpEngineConfig(StrictModel):
                                               "(e.g. USD), for the cost estimate logged to MLflow.")
     price_per_1m_completion_tokens: float = Field(0.0, ge=0, description="Cost of a million completion tokens.")
     max_cost_per_stage: float | None = Field(
-        None, gt=0, description="Stop a stage that labels through this endpoint once its estimated cost (the prices "
-        "above) passes this with batches left, checked as batches finish (those in flight may add to it). Its "
-        "finished batches are kept and this field is not part of the stage's key: raise it (or null it) and run "
-        "again to go on. null: no cap.")
+        None, gt=0, description="Teacher and judge: stop a judgments stage labelling through this endpoint once "
+        "its estimated cost (the prices above) passes this with batches left, checked as batches finish (those in "
+        "flight may add to it). Its finished batches are kept and this field is not part of the stage's key: raise "
+        "it (or null it) and run again to go on. null: no cap.")
 
 
 TextEngineName = Literal["hf", "vllm", "http", "oracle"]
@@ -222,6 +222,13 @@ class PolicyConfig(StrictModel):
     )
     vllm: VLLMConfig = Field(VLLMConfig(), description="Used when engine is vllm.")
     http: HttpEngineConfig = Field(HttpEngineConfig(), description="Used when engine is http.")
+
+    @model_validator(mode="after")
+    def _no_cost_cap(self):
+        if self.http.max_cost_per_stage is not None:  # only the labelling stages sum an endpoint's cost
+            raise ValueError("policy.http.max_cost_per_stage: a cost cap stops a labelling stage (teacher.http or "
+                             "judge.http); the policy's sampling has none")
+        return self
 
 
 class GeneratorConfig(StrictModel):

@@ -238,3 +238,10 @@ def test_how_an_http_endpoint_is_reached_does_not_redo_its_labels(tmp_path):
     for what in ("teacher.http.model=gpt-y", "teacher.http.base_url=https://other.example/v1",
                  "teacher.generation.temperature=0.7"):
         assert load_config(None, [*base, what]).stage_hash("judgments-teacher") != hashed, what
+
+
+def test_a_cost_cap_is_a_labelling_stages(tmp_path):
+    cfg = load_config(None, [f"run.workdir={tmp_path}", "judge.http.max_cost_per_stage=3"])
+    assert cfg.judge.http.max_cost_per_stage == 3
+    with pytest.raises(ConfigError, match="policy.http.max_cost_per_stage: a cost cap stops a labelling stage"):
+        load_config(None, [f"run.workdir={tmp_path}", "policy.http.max_cost_per_stage=3"])
