@@ -65,7 +65,7 @@ def _decode_images(values: list, where: str) -> list[bytes]:
 
 def read_jsonl(path: str | Path, source: str | None = None) -> tuple[list[dict], list[dict]]:
     path = str(path)
-    name, parent = _name(path), path.rsplit("/", 1)[0] if "/" in path else "."
+    name, parent = storage.name(path), path.rsplit("/", 1)[0] if "/" in path else "."
     rows, bad = [], []
     for n, line in enumerate(storage.read_bytes(path).splitlines(), start=1):
         if not line.strip():
@@ -94,14 +94,10 @@ def read_jsonl(path: str | Path, source: str | None = None) -> tuple[list[dict],
     return rows, bad
 
 
-def _name(path: str | Path) -> str:
-    return str(path).rstrip("/").rsplit("/", 1)[-1]
-
-
 def read_parquet(path: str | Path, source: str | None = None) -> tuple[list[dict], list[dict]]:
     fs, inside = storage.resolve(path)
     rows = pq.read_table(inside, filesystem=fs).to_pylist()
-    return [{**_OPTIONAL, "source": source or _name(path), **r} for r in rows], []
+    return [{**_OPTIONAL, "source": source or storage.name(path), **r} for r in rows], []
 
 
 def read_text_list(path: str | Path, task: str, subtask: str, split: str = "train",
@@ -116,7 +112,7 @@ def read_text_list(path: str | Path, task: str, subtask: str, split: str = "trai
             continue
         if text:
             rows.append({**_OPTIONAL, "task": task, "subtask": subtask, "query": text, "images": [],
-                         "split": split, "source": source or _name(path)})
+                         "split": split, "source": source or storage.name(path)})
     return rows, bad
 
 
@@ -150,6 +146,6 @@ def files_digest(paths: list[str]) -> str:
     for path in paths:
         try:
             h.update(hashlib.sha256(storage.read_bytes(path)).digest())
-        except (FileNotFoundError, OSError):  # an object store's missing key is an OSError
+        except OSError:  # a missing file (FileNotFoundError) or an object store's missing key
             h.update(b"missing:" + str(path).encode())
     return h.hexdigest()[:16]

@@ -43,6 +43,11 @@ def join(uri: str | os.PathLike, *parts: str) -> str:
     return out
 
 
+def name(uri: str | os.PathLike) -> str:
+    """The file name at the end of a path or URI (Path(...).name would fold s3:// into s3:/)."""
+    return os.fspath(uri).rstrip("/").rsplit("/", 1)[-1]
+
+
 def exists(uri: str | os.PathLike) -> bool:
     fs, path = resolve(uri)
     return fs.get_file_info(path).type != pafs.FileType.NotFound

@@ -34,7 +34,7 @@ from flywheel import storage
 from flywheel.config import Config, JudgmentsConfig
 from flywheel.datasets import Manifest, MissingManifest, read_dataset, read_manifest, write_dataset
 from flywheel.engines.base import TextEngine
-from flywheel.evaluate.labeled import gold_rows, load_labeled, require_items
+from flywheel.evaluate.labeled import gold_rows, parse_labeled, require_items
 from flywheel.records import with_ids
 from flywheel.sources import files_digest
 from flywheel.stages.judgments import JudgmentsCore, judgment_stats
@@ -82,12 +82,13 @@ def splits(cfg: Config) -> list[str]:
 def labeled_gold(path: str, split: str) -> GoldSet:
     """A split's gold from a labeled JSONL file (module docstring)."""
     try:
-        items, refused = load_labeled(path, split)
+        text = storage.read_bytes(path).decode("utf-8")
     except FileNotFoundError:
         raise FileNotFoundError(f"meta_eval.gold_files.{split}: no file at {path}") from None
+    items, refused = parse_labeled(text, split)
     require_items(items, refused, f"meta_eval.gold_files.{split}: {path}")
-    gp, gc, gj = gold_rows(items, f"labeled:{path.rstrip('/').rsplit('/', 1)[-1]}")
-    lines = storage.read_bytes(path).decode("utf-8").splitlines()
+    gp, gc, gj = gold_rows(items, f"labeled:{storage.name(path)}")
+    lines = text.splitlines()
     bad = []
     for reason in refused:  # "line <n>: ...": kept raw with its reason
         n = int(reason.split(":", 1)[0].removeprefix("line "))

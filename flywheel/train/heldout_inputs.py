@@ -47,9 +47,10 @@ def read_heldout_gold(training: str, path: str) -> str:
     """The text of the judge's held-out labeled set (a file with no valid item is refused, by name)."""
     from flywheel.train.heldout_probes import labeled_heldout
 
-    if not storage.exists(path):
-        raise FileNotFoundError(f"train.{training}.heldout.gold_file: no file at {path}")
-    text = storage.read_bytes(path).decode("utf-8")
+    try:
+        text = storage.read_bytes(path).decode("utf-8")
+    except FileNotFoundError:
+        raise FileNotFoundError(f"train.{training}.heldout.gold_file: no file at {path}") from None
     labeled_heldout(text, path)
     return text
 
