@@ -242,6 +242,47 @@ def _subtask_table(rows, title: str, field: str, cell, num):
     return t
 
 
+@app.command("data")
+def data(config: ConfigOpt = Path("configs/local.yaml"), overrides: Overrides = None,
+         iteration: Annotated[int | None, typer.Option(help="The iteration (default: the latest started).")] = None,
+         dataset: Annotated[str | None, typer.Option(help="A dataset to show: a name from the listing (labels, "
+                                                          "gold, ...) or a dataset's path or URI.")] = None,
+         top: Annotated[int, typer.Option(help="Quarantine reasons shown (most frequent first).")] = 10,
+         as_json: Annotated[bool, typer.Option("--json", help="JSON instead of tables.")] = False) -> None:
+    """The datasets of an iteration (rows, quarantined, producer), or one dataset's manifest and why its
+    quarantined rows were refused, grouped, with an example of each."""
+    import json
+
+    from flywheel import data_view
+    from flywheel.datasets import MissingManifest
+    from flywheel.iteration import paths
+
+    cfg = _load(config, overrides)
+    n = iteration if iteration is not None else data_view.latest_iteration(cfg.storage.uri)
+    names = paths(cfg, n) if n is not None else {}
+    if dataset is None:
+        if n is None:
+            console.print(f"[red]no iteration has started under {cfg.storage.uri}[/red]")
+            raise typer.Exit(2)
+        listed = data_view.datasets_of(names)
+        if as_json:
+            typer.echo(json.dumps({name: m and m.model_dump(mode="json") for name, m in listed}, indent=1))
+        else:
+            console.print(data_view.listing_table(n, listed))
+        return
+    uri = names.get(dataset, dataset)
+    try:
+        shown = data_view.describe(uri, top)
+    except MissingManifest as e:
+        known = f" (names: {', '.join(names)})" if names else ""
+        console.print(f"[red]--dataset {dataset}: {e}{known}[/red]")
+        raise typer.Exit(2) from None
+    if as_json:
+        typer.echo(json.dumps(shown, indent=1))
+    else:
+        data_view.print_description(console, shown)
+
+
 @app.command("smoke")
 def smoke(config: ConfigOpt = Path("configs/local.yaml"), overrides: Overrides = None) -> None:
     """Build the tiny models and run each engine once (judge, policy, generator), logged to MLflow."""

@@ -29,7 +29,8 @@ from flywheel.records import (SCHEMAS, ContentHasher, RecordLimits, content_hash
 
 __all__ = ["DATA", "QUARANTINE", "MANIFEST", "ManifestMismatch", "MissingManifest", "UpstreamRef", "Manifest",
            "write_dataset", "read_manifest", "read_dataset", "read_rows", "read_quarantine", "verify_dataset",
-           "verify_dataset_files", "iter_dataset_batches", "iter_dataset_rows", "read_data_file", "RowRangeReader",
+           "verify_dataset_files", "iter_dataset_batches", "iter_dataset_rows",
+           "iter_quarantine", "read_data_file", "RowRangeReader",
            "part_name", "write_part", "PartsWriter"]
 DATA, QUARANTINE, MANIFEST = "data.parquet", "quarantine.parquet", "manifest.json"
 _PART = re.compile(r"^part-\d{5,}\.parquet$")
@@ -490,6 +491,19 @@ class PartsWriter:
                 if fs.get_file_info(self._q_tmp).type != pafs.FileType.NotFound:
                     fs.delete_file(self._q_tmp)
                 self._q_tmp = ""
+
+
+def iter_quarantine(uri: str, batch_rows: int = STREAM_BATCH_ROWS) -> Iterator[dict]:
+    """A dataset's quarantine items one at a time, as stored (`raw_json` not parsed): a large quarantine read
+    without holding it."""
+    if not read_manifest(uri).quarantined:
+        return
+    pf = _open_parquet(uri, QUARANTINE, _Q_SCHEMA)
+    try:
+        for batch in pf.iter_batches(batch_size=batch_rows):
+            yield from batch.to_pylist()
+    finally:
+        pf.close(force=True)
 
 
 def read_quarantine(uri: str) -> list[dict]:

@@ -164,6 +164,10 @@ class Tracker:
         mlflow.log_dict(data, f"manifests/{name}.json")
         mlflow.log_metrics({f"{name}.rows": float(data.get("row_count", 0)),
                             f"{name}.quarantined": float(data.get("quarantined", 0))})
+        if data.get("quarantined"):  # the count says how many; this says why, grouped, with an example of each
+            from flywheel.data_view import quarantine_reasons
+
+            mlflow.log_dict(quarantine_reasons(str(data["path"])), f"quarantine/{name}.json")
 
     def ui_hint(self) -> str:
         """How a person opens this store in the MLflow UI."""

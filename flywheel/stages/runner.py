@@ -257,6 +257,9 @@ def run_stage(
     log.info("stage %s: %d rows in → %d out, %d quarantined, %.1f s → %s; batches per node %s, actor restarts %d, "
              "batches kept from an interrupted attempt %d", name, n_in, manifest.row_count, manifest.quarantined,
              seconds, output, {k[:8]: v["batches"] for k, v in placement.items()}, result.actor_restarts, len(kept))
+    if manifest.quarantined:
+        log.info("stage %s: why %d rows were quarantined: flywheel data --dataset %s", name, manifest.quarantined,
+                 output)
     if tracker is not None:
         import mlflow
 

@@ -3,7 +3,6 @@ stage labels through it as through the oracle, every answer parsed strictly and 
 No remote API is reachable from these machines, so a local aiohttp server stands in for one: it answers every
 request with the same text, a judgment or prose."""
 
-import json
 from collections import Counter
 
 import pytest
