@@ -3,23 +3,47 @@
 A stage's MLflow run shows its quarantine count; `quarantine_reasons` says why, grouped (the stage's run carries
 it as `quarantine/<dataset>.json`, and `flywheel data <dataset>` prints it). Reasons name values ("sample 3:
 score 7 out of range 1-5"), so they are grouped with their numbers masked; each group keeps its first item's
-reason, index and raw row as the example (images shown as their size, never their bytes)."""
+reason, index and raw row as the example (images shown as their size, never their bytes). The judgments whose
+output did not parse (rows with a parse_error, never a score) are grouped the same way, with the raw output."""
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from flywheel import storage
-from flywheel.datasets import MANIFEST, Manifest, iter_quarantine, read_manifest
+from flywheel.datasets import MANIFEST, Manifest, iter_dataset_rows, iter_quarantine, read_manifest
 
 EXAMPLE_CHARS = 400  # of an example's raw row: enough to see what it was, not a page of JSON
 
 
-def _group_key(field: str, reason: str) -> tuple[str, str]:
-    return field, re.sub(r"\d+(\.\d+)?", "N", reason)[:200]
+class ReasonGroups:
+    """Items grouped by (field, reason with its numbers masked), each with its first item as the example."""
+
+    def __init__(self) -> None:
+        self.groups: dict[tuple[str, str], dict] = {}
+        self.total = 0
+
+    def add(self, field: str | None, reason: str | None, item: Any, example: Callable[[], str]) -> None:
+        """`example` is called for a group's first item only (it may parse a raw row)."""
+        self.total += 1
+        field, reason = field or "", reason or ""
+        key = (field, re.sub(r"\d+(\.\d+)?", "N", reason)[:200])
+        if key in self.groups:
+            self.groups[key]["count"] += 1
+            return
+        text = example()
+        if len(text) > EXAMPLE_CHARS:
+            text = text[:EXAMPLE_CHARS] + f"... ({len(text)} characters)"
+        self.groups[key] = {"reason": reason, "field": field, "count": 1, "item": item, "example": text}
+
+    def top(self, n: int) -> dict:
+        """{"total", "groups" (the n most frequent, ties in order of first appearance), "other" (items in the
+        rest)}."""
+        shown = sorted(self.groups.values(), key=lambda g: -g["count"])[:n]  # stable sort
+        return {"total": self.total, "groups": shown, "other": self.total - sum(g["count"] for g in shown)}
 
 
 def brief(raw: Any) -> Any:
@@ -31,28 +55,30 @@ def brief(raw: Any) -> Any:
     return [brief(v) for v in raw] if isinstance(raw, list) else raw
 
 
+def _raw_example(raw_json: str) -> str:
+    try:
+        return json.dumps(brief(json.loads(raw_json)), ensure_ascii=False)
+    except (TypeError, ValueError):  # written by us as JSON; shown as stored if it is not
+        return str(raw_json)
+
+
 def quarantine_reasons(uri: str, top: int = 10) -> dict:
-    """{"total", "groups": [{"reason", "field", "count", "index", "example"}], "other"}: the `top` most frequent
-    groups of a dataset's quarantine (ties in order of first appearance), and how many items the rest hold."""
-    groups: dict[tuple[str, str], dict] = {}
-    total = 0
-    for item in iter_quarantine(uri):
-        total += 1
-        key = _group_key(item["field"] or "", item["reason"] or "")
-        if key in groups:
-            groups[key]["count"] += 1
-            continue
-        try:
-            example = json.dumps(brief(json.loads(item["raw_json"])), ensure_ascii=False)
-        except (TypeError, ValueError):  # written by us as JSON; shown as stored if it is not
-            example = str(item["raw_json"])
-        if len(example) > EXAMPLE_CHARS:
-            example = example[:EXAMPLE_CHARS] + f"... ({len(example)} characters)"
-        groups[key] = {"reason": item["reason"], "field": item["field"] or "", "count": 1, "index": item["index"],
-                       "example": example}
-    ranked = sorted(groups.values(), key=lambda g: -g["count"])  # stable: first appearance breaks ties
-    shown = ranked[:top]
-    return {"total": total, "groups": shown, "other": total - sum(g["count"] for g in shown)}
+    """ReasonGroups.top of a dataset's quarantine: why its rows were refused (item: the row's index in the
+    stage's input)."""
+    groups = ReasonGroups()
+    for q in iter_quarantine(uri):
+        groups.add(q["field"], q["reason"], q["index"], lambda q=q: _raw_example(q["raw_json"]))
+    return groups.top(top)
+
+
+def parse_failures(rows: Iterable[dict], top: int = 10) -> dict:
+    """ReasonGroups.top of the judgments whose output did not parse, by protocol (field) and parse_error, with
+    the model's raw output as the example (item: the judgment's id)."""
+    groups = ReasonGroups()
+    for r in rows:
+        if r.get("parse_error") is not None:
+            groups.add(r["protocol"], r["parse_error"], r["judgment_id"], lambda r=r: r["raw_output"] or "")
+    return groups.top(top)
 
 
 def datasets_of(names: Mapping[str, str]) -> list[tuple[str, Manifest | None]]:
@@ -75,10 +101,13 @@ def latest_iteration(storage_uri: str) -> int | None:
 
 
 def describe(uri: str, top: int = 10) -> dict:
-    """A dataset's manifest and its quarantine's reasons (MissingManifest if it has none)."""
+    """A dataset's manifest, its quarantine's reasons and, for judgments, the outputs that did not parse
+    (MissingManifest if it has no manifest; the judgments are read whole, streamed, and verified)."""
     m = read_manifest(uri)
     return {"uri": uri, "manifest": m.model_dump(mode="json"),
-            "quarantine": quarantine_reasons(uri, top) if m.quarantined else None}
+            "quarantine": quarantine_reasons(uri, top) if m.quarantined else None,
+            "parse_failures": parse_failures(iter_dataset_rows(uri, "judgment"), top) if m.kind == "judgment"
+            else None}
 
 
 def listing_table(n: int, listed: list[tuple[str, Manifest | None]]):
@@ -97,18 +126,23 @@ def listing_table(n: int, listed: list[tuple[str, Manifest | None]]):
 
 
 def print_description(console, shown: dict) -> None:
-    m, q = shown["manifest"], shown["quarantine"]
+    m = shown["manifest"]
     console.print(f"[bold]{shown['uri']}[/bold]: {m['row_count']} {m['kind']} rows, {m['quarantined']} quarantined; "
                   f"written by {m['producer']} at {m['created_at'][:19]} (content {m['content_hash'][:12]}, "
                   f"config {m['config_hash'][:12]})")
     for u in m["upstream"]:
         console.print(f"  from {u['path']} (content {u['content_hash'][:12]})")
-    if not q:
+    _print_groups(console, "quarantined", "row", shown["quarantine"])
+    _print_groups(console, "outputs that did not parse (rows, never scores)", "judgment", shown["parse_failures"])
+
+
+def _print_groups(console, what: str, item: str, groups: dict | None) -> None:
+    if not groups or not groups["total"]:
         return
-    console.print(f"quarantined: {q['total']}, by reason:")
-    for g in q["groups"]:
+    console.print(f"{what}: {groups['total']}, by reason:")
+    for g in groups["groups"]:
         where = f" [{g['field']}]" if g["field"] else ""
         console.print(f"  {g['count']:6d}{where} {g['reason']}", markup=False)
-        console.print(f"         e.g. item {g['index']}: {g['example']}", style="dim", markup=False)
-    if q["other"]:
-        console.print(f"  {q['other']:6d} in other groups (--top to show more)")
+        console.print(f"         e.g. {item} {g['item']}: {g['example']}", style="dim", markup=False)
+    if groups["other"]:
+        console.print(f"  {groups['other']:6d} in other groups (--top to show more)")

@@ -36,7 +36,7 @@ def test_reasons_are_grouped_with_their_numbers_masked_and_an_example_of_each(tm
     assert q["total"] == m.quarantined == 8
     http, task = q["groups"]
     assert http["count"] == 5 and http["reason"] == "sample 0: HTTP 400 from the endpoint after 1 s"
-    assert http["index"] == 0 and json.loads(http["example"]) == {"query": "q0", "images": ["<300 bytes>"]}
+    assert http["item"] == 0 and json.loads(http["example"]) == {"query": "q0", "images": ["<300 bytes>"]}
     assert task["count"] == 2 and task["field"] == "task" and "bogus" in task["example"]
     assert q["other"] == 1  # the group past --top
     own = quarantine_reasons(m.path)["groups"][2]
@@ -81,3 +81,19 @@ def test_flywheel_data_lists_an_iterations_datasets_and_shows_one(tmp_path):
     assert r.exit_code == 2 and "no manifest at" in r.output and "names: prompts," in r.output, r.output
     r = runner.invoke(app, ["data", wd, "--iteration", "0", "--dataset", "labels", "--json"])
     assert json.loads(r.output)["quarantine"]["total"] == 8
+
+
+def test_a_judgment_datasets_outputs_that_did_not_parse_are_shown_grouped(tmp_path):
+    def judgment(k: int, **fields) -> dict:
+        return {"prompt_id": "pr_1", "candidate_ids": ["ca_1"], "judge": "hf:j", "protocol": "pointwise",
+                "aspect": None, "order": None, "sample_k": k, **fields}
+
+    rows = [judgment(0, raw_output="Rating: 4", score=4.0),
+            *[judgment(k, raw_output=f"I like it ({k})", parse_error=f"pointwise: no 'Rating: N' in {9 + k} chars")
+              for k in range(1, 4)]]
+    uri = str(tmp_path / "labels")
+    write_dataset(uri, "judgment", rows, config_hash="c", producer="judgments-teacher")
+    r = CliRunner().invoke(app, ["data", f"run.workdir={tmp_path}/wd", "--dataset", uri])
+    assert r.exit_code == 0, r.output
+    assert "outputs that did not parse (rows, never scores): 3" in r.output
+    assert "3 [pointwise] pointwise: no 'Rating: N' in 10 chars" in r.output and "I like it (1)" in r.output

@@ -38,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+from flywheel.data_view import ReasonGroups
 from flywheel.aspects import AspectTree, Selection
 from flywheel.config import Config, JudgmentsConfig
 from flywheel.engines.base import TextEngine, TextRequest, TextResult
@@ -468,14 +469,17 @@ class JudgmentsCore:
 def judgment_stats(rows: Iterable[dict]) -> dict[str, Any]:
     """Counts for tracking: judgments and parse failures (overall and per protocol), the parse-failure rate, a
     histogram of scores per protocol (rubric fractions in tenths, aspect-group means in halves) and verdicts.
-    One pass over `rows`: an iterator streamed from storage (datasets.iter_dataset_rows) is never held whole."""
-    n, fails = Counter(), Counter()
+    The outputs that did not parse are grouped by reason, each with an example (`parse_failure_reasons`,
+    data_view.ReasonGroups). One pass over `rows`: an iterator streamed from storage (datasets.iter_dataset_rows)
+    is never held whole."""
+    n, fails, reasons = Counter(), Counter(), ReasonGroups()
     hist: dict[str, Counter] = defaultdict(Counter)
     for r in rows:
         proto = r["protocol"]
         n[proto] += 1
         if r.get("parse_error") is not None:
             fails[proto] += 1
+            reasons.add(proto, r["parse_error"], r.get("judgment_id"), lambda r=r: r.get("raw_output") or "")
             continue
         if r.get("verdict") is not None:
             hist[proto][r["verdict"]] += 1
@@ -488,7 +492,8 @@ def judgment_stats(rows: Iterable[dict]) -> dict[str, Any]:
             "parse_failure_rate": sum(fails.values()) / total if total else 0.0,
             "by_protocol": {p: {"judgments": n[p], "parse_failures": fails[p],
                                 "parse_failure_rate": fails[p] / n[p]} for p in sorted(n)},
-            "histogram": {p: dict(sorted(h.items())) for p, h in sorted(hist.items())}}
+            "histogram": {p: dict(sorted(h.items())) for p, h in sorted(hist.items())},
+            "parse_failure_reasons": reasons.top(10)}
 
 
 def log_stats(stats: dict[str, Any]) -> None:
@@ -542,6 +547,10 @@ def run(cfg: Config, prompts_uri: str, candidates_uri: str, output_uri: str, rol
         stats = judgment_stats(iter_dataset_rows(output_uri, "judgment"))  # streamed: the driver holds no rows
         log.info("judgments-%s: %d judgments, parse-failure rate %.3f", role, stats["judgments"],
                  stats["parse_failure_rate"])
+        if stats["parse_failures"]:
+            most = stats["parse_failure_reasons"]["groups"][0]
+            log.info("judgments-%s: most frequent parse failure (%d of %d): %s; all: flywheel data --dataset %s",
+                     role, most["count"], stats["parse_failures"], most["reason"][:200], output_uri)
         if tracker is not None:
             log_stats(stats)
     return result

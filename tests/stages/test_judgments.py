@@ -129,7 +129,17 @@ def test_random_zoo_judge_outputs_are_parse_failures(jcfg, zoo, prompts, candida
         assert isinstance(r["raw_output"], str) and r["judge"].startswith("hf:")
     reasons = {r["protocol"]: r["parse_error"] for r in out.rows}
     assert reasons["decomposed"].startswith("extraction: ") and reasons["rubric"].startswith("rubric: ")
-    assert judgment_stats(out.rows)["parse_failure_rate"] == 1.0
+    stats = judgment_stats(valid)  # as stored: with their ids
+    assert stats["parse_failure_rate"] == 1.0
+    # why they failed, grouped per protocol, each with a raw output to read (MLflow: judgments/stats.json)
+    groups = stats["parse_failure_reasons"]
+    assert groups["total"] == len(valid) == sum(g["count"] for g in groups["groups"]) + groups["other"]
+    by_id = {r["judgment_id"]: r for r in valid}
+    for g in groups["groups"]:  # each group's example is its first judgment's raw output
+        r = by_id[g["item"]]
+        assert (r["protocol"], r["parse_error"]) == (g["field"], g["reason"])
+        assert g["example"].split("... (")[0] == r["raw_output"][:400]
+    assert {g["field"] for g in groups["groups"]} == {r["protocol"] for r in valid}
 
 
 @pytest.fixture(scope="module")
