@@ -248,6 +248,7 @@ def data(config: ConfigOpt = Path("configs/local.yaml"), overrides: Overrides = 
          dataset: Annotated[str | None, typer.Option(help="A dataset to show: a name from the listing (labels, "
                                                           "gold, ...) or a dataset's path or URI.")] = None,
          top: Annotated[int, typer.Option(help="Quarantine reasons shown (most frequent first).")] = 10,
+         rows: Annotated[int, typer.Option(help="Also show the dataset's first rows (images as their size).")] = 0,
          as_json: Annotated[bool, typer.Option("--json", help="JSON instead of tables.")] = False) -> None:
     """The datasets of an iteration (rows, quarantined, producer), or one dataset's manifest and why its
     quarantined rows were refused, grouped, with an example of each."""
@@ -272,7 +273,7 @@ def data(config: ConfigOpt = Path("configs/local.yaml"), overrides: Overrides = 
         return
     uri = names.get(dataset, dataset)
     try:
-        shown = data_view.describe(uri, top)
+        shown = data_view.describe(uri, top, rows)
     except MissingManifest as e:
         known = f" (names: {', '.join(names)})" if names else ""
         console.print(f"[red]--dataset {dataset}: {e}{known}[/red]")

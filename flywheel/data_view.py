@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import json
 import re
+from itertools import islice
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from flywheel import storage
 from flywheel.datasets import MANIFEST, Manifest, iter_dataset_rows, iter_quarantine, read_manifest
+from flywheel.records import json_safe
 
 EXAMPLE_CHARS = 400  # of an example's raw row: enough to see what it was, not a page of JSON
 
@@ -100,14 +102,16 @@ def latest_iteration(storage_uri: str) -> int | None:
     return max(numbers, default=None)
 
 
-def describe(uri: str, top: int = 10) -> dict:
-    """A dataset's manifest, its quarantine's reasons and, for judgments, the outputs that did not parse
-    (MissingManifest if it has no manifest; the judgments are read whole, streamed, and verified)."""
+def describe(uri: str, top: int = 10, rows: int = 0) -> dict:
+    """A dataset's manifest, its quarantine's reasons, for judgments the outputs that did not parse (the
+    judgments are read whole, streamed, and verified) and its first `rows` rows (images as their size).
+    MissingManifest if it has no manifest."""
     m = read_manifest(uri)
     return {"uri": uri, "manifest": m.model_dump(mode="json"),
             "quarantine": quarantine_reasons(uri, top) if m.quarantined else None,
             "parse_failures": parse_failures(iter_dataset_rows(uri, "judgment"), top) if m.kind == "judgment"
-            else None}
+            else None,
+            "rows": [brief(json_safe(r)) for r in islice(iter_dataset_rows(uri), rows)] if rows else []}
 
 
 def listing_table(n: int, listed: list[tuple[str, Manifest | None]]):
@@ -132,6 +136,8 @@ def print_description(console, shown: dict) -> None:
                   f"config {m['config_hash'][:12]})")
     for u in m["upstream"]:
         console.print(f"  from {u['path']} (content {u['content_hash'][:12]})")
+    for i, row in enumerate(shown["rows"]):
+        console.print(f"row {i}: {json.dumps(row, ensure_ascii=False)}", markup=False, highlight=False)
     _print_groups(console, "quarantined", "row", shown["quarantine"])
     _print_groups(console, "outputs that did not parse (rows, never scores)", "judgment", shown["parse_failures"])
 

@@ -80,7 +80,10 @@ def test_flywheel_data_lists_an_iterations_datasets_and_shows_one(tmp_path):
     r = runner.invoke(app, ["data", wd, "--dataset", str(tmp_path / "wd" / "nowhere")])
     assert r.exit_code == 2 and "no manifest at" in r.output and "names: prompts," in r.output, r.output
     r = runner.invoke(app, ["data", wd, "--iteration", "0", "--dataset", "labels", "--json"])
-    assert json.loads(r.output)["quarantine"]["total"] == 8
+    assert json.loads(r.output)["quarantine"]["total"] == 8 and json.loads(r.output)["rows"] == []
+    r = runner.invoke(app, ["data", wd, "--dataset", "prompts", "--rows", "3"])  # iteration 1's: one row
+    assert r.exit_code == 0 and "row 0: " in r.output and "row 1" not in r.output, r.output
+    assert json.loads(r.output.split("row 0: ")[1].splitlines()[0])["query"] == "What colour is the circle?"
 
 
 def test_a_judgment_datasets_outputs_that_did_not_parse_are_shown_grouped(tmp_path):
