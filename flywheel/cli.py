@@ -271,7 +271,7 @@ def data(config: ConfigOpt = Path("configs/local.yaml"), overrides: Overrides = 
         else:
             console.print(data_view.listing_table(n, listed))
         return
-    uri = names.get(dataset, dataset)
+    uri = data_view.resolve_name(names, dataset)
     try:
         shown = data_view.describe(uri, top, rows)
     except MissingManifest as e:

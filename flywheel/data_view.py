@@ -14,6 +14,8 @@ from itertools import islice
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+import pyarrow.fs as pafs
+
 from flywheel import storage
 from flywheel.datasets import MANIFEST, Manifest, iter_dataset_rows, iter_quarantine, read_manifest
 from flywheel.records import json_safe
@@ -83,22 +85,44 @@ def parse_failures(rows: Iterable[dict], top: int = 10) -> dict:
     return groups.top(top)
 
 
-def datasets_of(names: Mapping[str, str]) -> list[tuple[str, Manifest | None]]:
-    """Each named dataset's manifest, or None where it has not been written (yet)."""
-    return [(name, read_manifest(uri) if storage.exists(storage.join(uri, MANIFEST)) else None)
-            for name, uri in names.items()]
+def datasets_of(names: Mapping[str, str], depth: int = 2) -> list[tuple[str, Manifest | None]]:
+    """Each named dataset's manifest; where a name holds datasets below it instead (curated/sft, gold/id-test/
+    judgments), each of those (up to `depth` levels down); None where nothing has been written (yet)."""
+    listed: list[tuple[str, Manifest | None]] = []
+    for name, uri in names.items():
+        found = _found(uri, name, depth)
+        listed.extend(found or [(name, None)])
+    return listed
+
+
+def _found(uri: str, name: str, depth: int) -> list[tuple[str, Manifest]]:
+    if storage.exists(storage.join(uri, MANIFEST)):
+        return [(name, read_manifest(uri))]
+    if depth == 0:
+        return []
+    return [x for child in _subdirs(uri) for x in _found(storage.join(uri, child), f"{name}/{child}", depth - 1)]
+
+
+def _subdirs(uri: str) -> list[str]:
+    fs, path = storage.resolve(uri)
+    try:
+        infos = fs.get_file_info(pafs.FileSelector(path, allow_not_found=True))
+    except OSError:
+        return []
+    return sorted(i.base_name for i in infos if i.type == pafs.FileType.Directory and not i.base_name.startswith("_"))
+
+
+def resolve_name(names: Mapping[str, str], dataset: str) -> str:
+    """A listed name (labels, curated/sft) as its URI; anything else is taken as a path or URI."""
+    head, _, rest = dataset.partition("/")
+    if dataset in names:
+        return names[dataset]
+    return storage.join(names[head], *rest.split("/")) if head in names and rest else dataset
 
 
 def latest_iteration(storage_uri: str) -> int | None:
     """The highest-numbered iteration directory under the storage root, if any has been started."""
-    import pyarrow.fs as pafs
-
-    fs, path = storage.resolve(storage.join(storage_uri, "iterations"))
-    try:
-        infos = fs.get_file_info(pafs.FileSelector(path, allow_not_found=True))
-    except OSError:
-        return None
-    numbers = [int(i.base_name) for i in infos if i.type == pafs.FileType.Directory and i.base_name.isdigit()]
+    numbers = [int(d) for d in _subdirs(storage.join(storage_uri, "iterations")) if d.isdigit()]
     return max(numbers, default=None)
 
 

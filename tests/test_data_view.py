@@ -65,12 +65,16 @@ def test_flywheel_data_lists_an_iterations_datasets_and_shows_one(tmp_path):
     assert r.exit_code == 2 and "no iteration has started" in r.output, r.output
     cfg = load_config(None, [wd])
     _refused(paths(cfg, 0)["labels"])
+    write_dataset(paths(cfg, 0)["curated"] + "/sft", "prompt", [_prompt()] * 2, config_hash="c", producer="curate")
     write_dataset(paths(cfg, 1)["prompts"], "prompt", [_prompt()], config_hash="c", producer="prompts")
     r = runner.invoke(app, ["data", wd, "--iteration", "0"])
     assert r.exit_code == 0, r.output
     line = next(x for x in r.output.splitlines() if "labels" in x)
     assert "prompt" in line and " 1 " in line and " 8 " in line
     assert "not written" in next(x for x in r.output.splitlines() if "candidates" in x)
+    assert " 2 " in next(x for x in r.output.splitlines() if "curated/sft" in x)  # a dataset below a name
+    r = runner.invoke(app, ["data", wd, "--iteration", "0", "--dataset", "curated/sft"])
+    assert r.exit_code == 0 and "2 prompt rows, 0 quarantined" in r.output, r.output
     r = runner.invoke(app, ["data", wd])  # the latest iteration
     assert r.exit_code == 0 and "iteration 1" in r.output, r.output
     r = runner.invoke(app, ["data", wd, "--iteration", "0", "--dataset", "labels", "--top", "1"])
