@@ -1,6 +1,6 @@
-"""The oracle teacher: answers any judge request of the five protocols from the shapes world's checkers, in
-exactly the text a trained judge must learn, with a configurable error rate (an imperfect GPT-4o or human
-annotator). With error rate 0 it is the gold.
+"""The oracle teacher: answers any judge request of the six protocols (claims included) from the shapes world's
+checkers, in exactly the text a trained judge must learn, with a configurable error rate (an imperfect GPT-4o or
+human annotator). With error rate 0 it is the gold.
 
 A request carries its ground truth in `TextRequest.context` (see `make_context`): the protocol and step, the
 prompt record (its `meta` holds the scene or draw spec), the candidate record(s) in the order shown, and what the
