@@ -51,6 +51,12 @@ class RayConfig(StrictModel):
         "(RAY_TRAIN_HEALTH_CHECK_INTERVAL_S); it also bounds how soon a finished training is noticed and torn "
         "down. null keeps Ray's default (2 s).",
     )
+    wait_for_actors_s: float | None = Field(
+        None, gt=0, description="How long a stage's actor pool (Ray Data) may wait for its actors to start; past "
+        "it the stage fails, naming what each actor asks. null waits for ever, as under an autoscaler that adds "
+        "the nodes; on a fixed cluster that has no node to fit an actor, that is a hang (each stage warns at its "
+        "start when no live node fits one).",
+    )
 
 
 class StorageConfig(StrictModel):

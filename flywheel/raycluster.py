@@ -56,16 +56,19 @@ def cluster_address_from_env() -> str | None:
 
 def init_ray(cfg: Config) -> None:
     """Join the configured cluster, or start an embedded Ray when `ray.address` is null. Idempotent."""
-    if ray.is_initialized():
-        return
-    # A job started by `ray job submit` runs inside the cluster: RAY_ADDRESS is set and must win
-    address = cfg.ray.address or cluster_address_from_env()
-    if address is not None:
-        ray.init(address=address, log_to_driver=True, runtime_env=worker_env())
-    else:
-        start_embedded(cfg.ray.num_cpus, runtime_env=worker_env())
-    log.info("ray: %s (%s CPUs, %s GPUs)", address or "embedded", ray.cluster_resources().get("CPU"),
-             ray.cluster_resources().get("GPU", 0))
+    if not ray.is_initialized():
+        # A job started by `ray job submit` runs inside the cluster: RAY_ADDRESS is set and must win
+        address = cfg.ray.address or cluster_address_from_env()
+        if address is not None:
+            ray.init(address=address, log_to_driver=True, runtime_env=worker_env())
+        else:
+            start_embedded(cfg.ray.num_cpus, runtime_env=worker_env())
+        log.info("ray: %s (%s CPUs, %s GPUs)", address or "embedded", ray.cluster_resources().get("CPU"),
+                 ray.cluster_resources().get("GPU", 0))
+    if cfg.ray.wait_for_actors_s is not None:  # Ray Data's, for every dataset this driver runs from now on
+        from ray.data import DataContext  # (`import ray.data` here would make `ray` local to this function)
+
+        DataContext.get_current().wait_for_min_actors_s = cfg.ray.wait_for_actors_s
 
 
 def start_embedded(num_cpus: int | None, *, log_to_driver: bool = True, runtime_env: dict | None = None) -> None:
@@ -83,6 +86,29 @@ def start_embedded(num_cpus: int | None, *, log_to_driver: bool = True, runtime_
                  log_to_driver=log_to_driver, runtime_env=runtime_env)
     finally:
         os.environ.pop("RAY_GCS_SERVER_PORT", None)  # only needed to start the GCS; never leak it
+
+
+def actor_ask(res: StageResources) -> dict[str, float]:
+    """What one actor or worker of a stage asks a node for, as Ray names the resources."""
+    ask = {"CPU": res.num_cpus, "GPU": res.num_gpus, **res.resources}
+    return {k: v for k, v in ask.items() if v > 0}
+
+
+def ask_text(ask: dict[str, float]) -> str:
+    return ", ".join(f"{k} {v:g}" for k, v in ask.items())
+
+
+def no_node_fits(ask: dict[str, float]) -> str | None:
+    """None if a live node has all of `ask` (in total: it may be busy now); else what the live nodes have of it,
+    e.g. "1 node with CPU 2, GPU 0"."""
+    nodes = [n["Resources"] for n in ray.nodes() if n["Alive"]]
+    if any(all(node.get(k, 0) >= v for k, v in ask.items()) for node in nodes):
+        return None
+    kinds: dict[str, int] = {}
+    for node in nodes:
+        kind = ", ".join(f"{k} {node.get(k, 0):g}" for k in ask)
+        kinds[kind] = kinds.get(kind, 0) + 1
+    return "; ".join(f"{n} node{'s' if n > 1 else ''} with {kind}" for kind, n in kinds.items()) or "no live node"
 
 
 def remote_options(res: StageResources) -> dict:

@@ -44,6 +44,10 @@ class CapReached(RuntimeError):
     """A stage stopped at its cap (e.g. an API teacher's cost): not a failure of its work, which is kept."""
 
 
+class ActorsDidNotStart(RuntimeError):
+    """A stage's actors did not start within ray.wait_for_actors_s: no node had (or freed) what each asks."""
+
+
 @dataclass
 class CoreOutput:
     rows: list[dict] = field(default_factory=list)
@@ -179,6 +183,8 @@ def run_stage(
     limit): the stage stops with CapReached once the counter summed over finished batches passes the limit."""
     import ray
 
+    from flywheel.raycluster import actor_ask, ask_text, no_node_fits
+
     limits = limits or RecordLimits()
     # each input verified once, streaming (never held whole); the first is the stage's input, read by the actors
     source, file_rows = verify_dataset_files(inputs[0])
@@ -196,9 +202,16 @@ def run_stage(
     writer = PartsWriter(output, kind, config_hash=stage_hash, producer=name, upstream=upstream)
     n_in, placement, counters = 0, {}, Counter()
     progress = _Progress(n_batches, tracker is not None)
+    ask = actor_ask(resources)
+    short = no_node_fits(ask) if todo else None
+    shown = ask_text(ask)
     try:
         made = iter(())
         if todo:
+            if short is not None:
+                log.warning("stage %s: each of its actors asks %s and no live node has that (%s): it waits for a "
+                            "node an autoscaler adds, and on a fixed cluster never starts (ray.wait_for_actors_s "
+                            "makes it fail after that long instead)", name, shown, short)
             ctx = ray.data.DataContext.get_current()
             ctx.execution_options.preserve_order = True  # same input, same output order: ids and hashes are stable
             # One block per batch: Ray Data hands an actor a whole block per task, so a single block would send
@@ -248,6 +261,14 @@ def run_stage(
             raise RuntimeError(f"stage {name}: {n_in} rows came back from {source.row_count} input rows")
         manifest = writer.finish()
         finished_batches.clear(_absolute(output))
+    except ray.exceptions.GetTimeoutError as e:  # Ray Data's wait_for_min_actors_s (set by ray.wait_for_actors_s)
+        writer.abort()
+        if "starting actors" not in str(e):
+            raise
+        wait = ray.data.DataContext.get_current().wait_for_min_actors_s
+        raise ActorsDidNotStart(f"stage {name}: its {resources.actors} actor(s) did not start in {wait:g} s "
+                                f"(ray.wait_for_actors_s): each asks {shown}; "
+                                f"{short or 'a live node has that, but it was not free'}") from e
     except BaseException:
         writer.abort()
         raise

@@ -251,3 +251,35 @@ def test_an_interrupted_stage_keeps_its_finished_batches_and_makes_only_the_rest
     r = attempt(stage_hash="h2")
     assert r.batches_kept == 3 and made_now() == ["q3"]
     assert r.manifest.content_hash == clean.manifest.content_hash
+
+
+def test_a_stage_whose_actors_no_node_fits_warns_at_once_and_fails_after_the_configured_wait(ray_local, tmp_path,
+                                                                                             caplog):
+    """This box has no GPU (Ray's local node: 2 CPUs, 0 GPUs): a stage asking one per actor is what a GPU config
+    does on a cluster whose GPU nodes never come. Ray Data would wait for ever; ray.wait_for_actors_s bounds it."""
+    from ray.data import DataContext
+
+    from flywheel.config import load_config
+    from flywheel.raycluster import init_ray
+    from flywheel.stages.runner import ActorsDidNotStart
+
+    src = write_dataset(str(tmp_path / "in"), "prompt", [_prompt("q0")], config_hash="c", producer="test")
+    ctx = DataContext.get_current()
+    before = ctx.wait_for_min_actors_s
+    init_ray(load_config(None, [f"run.workdir={tmp_path}", "ray.wait_for_actors_s=3"]))  # Ray is up: sets the wait
+    try:
+        assert ctx.wait_for_min_actors_s == 3
+        with pytest.raises(ActorsDidNotStart, match=r"stage gpu: its 1 actor\(s\) did not start in 3 s \(ray.wait_"
+                                                    r"for_actors_s\): each asks CPU 1, GPU 1; 1 node with "
+                                                    r"CPU 2, GPU 0"):
+            run_stage("gpu", inputs=[src.path], output=str(tmp_path / "out"), kind="prompt", batch_size=1,
+                      resources=StageResources(num_gpus=1), core_factory=lambda: ShoutCore("!"), stage_hash="h")
+    finally:
+        ctx.wait_for_min_actors_s = before
+    assert "each of its actors asks CPU 1, GPU 1 and no live node has that (1 node with CPU 2, GPU 0)" \
+        in caplog.text
+    assert not (tmp_path / "out" / "manifest.json").exists()
+    caplog.clear()  # an ask a node fits says nothing
+    run_stage("cpu", inputs=[src.path], output=str(tmp_path / "out"), kind="prompt", batch_size=1,
+              resources=StageResources(num_cpus=2), core_factory=lambda: ShoutCore("!"), stage_hash="h")
+    assert "no live node has that" not in caplog.text
