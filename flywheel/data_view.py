@@ -1,7 +1,7 @@
 """What a person asks of a dataset on storage: what it holds, where it came from, and why rows were quarantined.
 
 A stage's MLflow run shows its quarantine count; `quarantine_reasons` says why, grouped (the stage's run carries
-it as `quarantine/<dataset>.json`, and `flywheel data <dataset>` prints it). Reasons name values ("sample 3:
+it as `quarantine/<dataset>.json`, and `flywheel data --dataset <name>` prints it). Reasons name values ("sample 3:
 score 7 out of range 1-5"), so they are grouped with their numbers masked; each group keeps its first item's
 reason, index and raw row as the example (images shown as their size, never their bytes). The judgments whose
 output did not parse (rows with a parse_error, never a score) are grouped the same way, with the raw output."""
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import json
 import re
-from itertools import islice
 from collections.abc import Callable, Iterable, Mapping
+from itertools import islice
 from typing import Any
 
 import pyarrow.fs as pafs
@@ -21,6 +21,7 @@ from flywheel.datasets import MANIFEST, Manifest, iter_dataset_rows, iter_quaran
 from flywheel.records import json_safe
 
 EXAMPLE_CHARS = 400  # of an example's raw row: enough to see what it was, not a page of JSON
+MAX_GROUPS = 1000  # distinct reasons kept with an example; items of any further reason are counted as "other"
 
 
 class ReasonGroups:
@@ -37,6 +38,8 @@ class ReasonGroups:
         key = (field, re.sub(r"\d+(\.\d+)?", "N", reason)[:200])
         if key in self.groups:
             self.groups[key]["count"] += 1
+            return
+        if len(self.groups) >= MAX_GROUPS:  # memory stays bounded whatever the reasons
             return
         text = example()
         if len(text) > EXAMPLE_CHARS:

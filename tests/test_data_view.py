@@ -104,3 +104,14 @@ def test_a_judgment_datasets_outputs_that_did_not_parse_are_shown_grouped(tmp_pa
     assert r.exit_code == 0, r.output
     assert "outputs that did not parse (rows, never scores): 3" in r.output
     assert "3 [pointwise] pointwise: no 'Rating: N' in 10 chars" in r.output and "I like it (1)" in r.output
+
+
+def test_reason_groups_stay_bounded_and_count_every_item(monkeypatch):
+    from flywheel import data_view
+
+    monkeypatch.setattr(data_view, "MAX_GROUPS", 3)
+    groups = data_view.ReasonGroups()
+    for i in range(10):
+        groups.add("f", f"reason {'abcdefghij'[i]}", i, lambda: "x")
+    top = groups.top(2)
+    assert len(groups.groups) == 3 and top["total"] == 10 and top["other"] == 8
