@@ -23,7 +23,7 @@ from functools import partial
 
 import mlflow
 
-from flywheel import gate, stage_clock, storage, workdir_lock
+from flywheel import data_view, gate, stage_clock, storage, workdir_lock
 from flywheel.config import Config
 from flywheel.iteration_record import ROLES, IterationRecord
 from flywheel.iteration_summary import describe, right_of
@@ -51,6 +51,7 @@ class IterationResult:
     # earlier iteration -> its pooled pairs ranked again by this iteration's judge (preferences.relabel_pool):
     # {"judge": who ranked them first, "before"/"after": their agreement with the oracle, if it can grade them}
     relabeled: dict[int, dict] = field(default_factory=dict)
+    quarantined: dict[str, int] = field(default_factory=dict)  # dataset name -> rows refused, where any were
     skipped: bool = False  # finished by an earlier run (flywheel/iteration_record.py)
 
 
@@ -159,6 +160,7 @@ def _run_iteration(cfg: Config, n: int, tracker: Tracker | None) -> IterationRes
         pref = make_preferences(start, cfg, p, n, tracker, stage, res)
         if pref:
             _train_and_gate_policies(start, cfg, p, pref, n, tracker, stage, res)
+        res.quarantined = {name: m.quarantined for name, m in data_view.datasets_of(p) if m and m.quarantined}
         _summarize(res)
         record.finished, record.decisions = True, res.decisions
         record.save(it_dir)
@@ -401,12 +403,13 @@ def _promote_best_update(cfg: Config, role: str, base: str, outcomes: list, eval
 
 def _summarize(res: IterationResult) -> None:
     mlflow.log_metrics({f"seconds.{k}": v for k, v in res.seconds.items()} |
-                       {f"count.{k}": float(v) for k, v in res.counts.items()})
+                       {f"count.{k}": float(v) for k, v in res.counts.items()} |
+                       {f"quarantined.{k}": float(v) for k, v in res.quarantined.items()})
     summary = {"iteration": res.iteration, "seconds": res.seconds, "load": res.load, "cpus": res.cpus,
                "counts": res.counts, "meta_eval": res.meta_eval,
                "downstream": res.downstream, "decisions": res.decisions, "models": res.models,
                "pairs_vs_oracle": res.pairs_vs_oracle, "pools": res.pools,
-               "relabeled": res.relabeled}
+               "relabeled": res.relabeled, "quarantined": res.quarantined}
     mlflow.log_dict(summary, "summary/summary.json")
     mlflow.set_tag("mlflow.note.content", describe(summary))
     log.info("iteration %d done: %s", res.iteration, json.dumps(res.decisions, default=str)[:500])

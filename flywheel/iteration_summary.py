@@ -93,6 +93,10 @@ def describe(s: dict) -> str:
     for k, v in s["counts"].items():
         src = s["counts"].get(RETENTION.get(k, ""))
         lines.append(f"| {k} | {v} | {f'{v / src:.1%} of {RETENTION[k]}' if src else ''} |")
+    if q := s.get("quarantined"):
+        lines += ["", "**Quarantined rows** (why, grouped: the stage's `quarantine/<dataset>.json`, or `flywheel "
+                  f"data --iteration {s['iteration']} --dataset <name>`): "
+                  + ", ".join(f"{k} {v}" for k, v in q.items())]
     return "\n".join(lines)
 
 

@@ -227,3 +227,13 @@ def test_claim_checks_scored_against_gold_show_in_the_row_and_the_description():
     # without gold claim checks: no claims column, no line
     plain = {**summary, "meta_eval": {"challenger": _meta(0.8)}}
     assert "id/claims" not in row_of(4, "r", "FINISHED", plain).judge and "Claim checks" not in describe(plain)
+
+
+def test_the_iteration_description_names_the_datasets_with_quarantined_rows_and_where_to_see_why():
+    summary = {"iteration": 2, "decisions": [], "downstream": {}, "seconds": {}, "meta_eval": {},
+               "counts": {"labels": 40}, "quarantined": {"candidates": 1, "labels": 3}}
+    assert describe(summary).splitlines()[-1] == (
+        "**Quarantined rows** (why, grouped: the stage's `quarantine/<dataset>.json`, or `flywheel data --iteration 2 "
+        "--dataset <name>`): candidates 1, labels 3")
+    del summary["quarantined"]  # none (or a summary written before they were counted)
+    assert "Quarantined" not in describe(summary)

@@ -59,6 +59,7 @@ def _write_data(root: Path) -> tuple[Path, Path]:
              "split": "id-test" if i >= 6 else "train"} for i, c in enumerate(colours)]
     rows += [{"task": "ig", "subtask": "text_to_image", "query": f"Draw a {c} square.", "images": [],
               "split": "id-test" if i >= 4 else "train"} for i, c in enumerate(colours[:6])]
+    rows.append({"task": "speech", "subtask": "vqa", "query": "Say it.", "images": []})  # refused: no such task
     q = {"task": "iu", "subtask": "vqa", "query": "What colour is this?", "images": [png_b64("red")]}
     held = [{"task": "iu", "subtask": "vqa", "query": f"Which colour is shape {i}?", "images": [png_b64(c)]}
             for i, c in enumerate(colours[:3])]
@@ -110,6 +111,7 @@ def test_an_iteration_on_user_prompts_takes_nothing_from_the_oracle_world(tmp_pa
     assert {r["split"] for r in pref} == {"train"}
 
     summary = _summary(cfg)
+    assert summary["quarantined"]["prompts"] == 1  # the unknown task, named in the summary
     assert summary["meta_eval"]["challenger"]["id-test"]["all/pointwise/n"] == 2  # the labels, not the oracle's
 
     # the served judge ranked the LLaVA's samples of the file's prompts into pairs, and the LLaVA trained on them
