@@ -11,7 +11,7 @@ import typer
 from rich.console import Console
 from rich.logging import RichHandler
 
-from flywheel.clitools import load_or_exit, says_why_it_stopped
+from flywheel.clitools import error, load_or_exit, says_why_it_stopped
 from flywheel.serve.cli import serve_command
 from flywheel.train.cli import train_app
 
@@ -83,7 +83,7 @@ def run(config: ConfigOpt = Path("configs/local.yaml"), overrides: Overrides = N
     for warning in cfg.recipe_warnings():
         logging.getLogger("flywheel").warning("config: %s", warning)
     if iterations < 1:
-        console.print(f"[red]--iterations {iterations}: must be at least 1[/red]")
+        error(console, f"--iterations {iterations}: must be at least 1")
         raise typer.Exit(2)
     last = start + iterations - 1
     resume = "Finished stages, and the finished batches of the one that stopped, are kept: the same command again " \
@@ -96,7 +96,7 @@ def run(config: ConfigOpt = Path("configs/local.yaml"), overrides: Overrides = N
             for n in range(start, last + 1):
                 _print_iteration(n, run_iteration(cfg, n, tracker))
     except WorkdirBusy as e:
-        console.print(f"[red]{e}[/red]")
+        error(console, str(e))
         raise typer.Exit(2) from None
     console.print(f"Browse it: {tracker.ui_hint()}")
 
@@ -131,12 +131,12 @@ def eval_judge(data: Annotated[str, typer.Option(help="Labeled JSONL (format: fl
     try:
         items, refused = load_labeled(data)
     except OSError as e:  # a missing local file, or an object store's missing key
-        console.print(f"[red]--data {data}: cannot read it ({e})[/red]")
+        error(console, f"--data {data}: cannot read it ({e})")
         raise typer.Exit(2) from None
     for reason in refused:
-        console.print(f"[yellow]refused[/yellow] {reason}")
+        error(console, f"refused {reason}", style="yellow")
     if not items:
-        console.print(f"[red]no valid items in {data}[/red]")
+        error(console, f"no valid items in {data}")
         raise typer.Exit(2)
     with says_why_it_stopped(console):
         metrics = evaluate_labeled(make_text_engine(cfg, "judge"), items, cfg.judge.prompt_style,
@@ -263,7 +263,7 @@ def data(config: ConfigOpt = Path("configs/local.yaml"), overrides: Overrides = 
     names = paths(cfg, n) if n is not None else {}
     if dataset is None:
         if n is None:
-            console.print(f"[red]no iteration has started under {cfg.storage.uri}[/red]")
+            error(console, f"no iteration has started under {cfg.storage.uri}")
             raise typer.Exit(2)
         listed = data_view.datasets_of(names)
         if as_json:
@@ -276,7 +276,7 @@ def data(config: ConfigOpt = Path("configs/local.yaml"), overrides: Overrides = 
         shown = data_view.describe(uri, top, rows)
     except MissingManifest as e:
         known = f" (names: {', '.join(names)})" if names else ""
-        console.print(f"[red]--dataset {dataset}: {e}{known}[/red]")
+        error(console, f"--dataset {dataset}: {e}{known}")
         raise typer.Exit(2) from None
     if as_json:
         typer.echo(json.dumps(shown, indent=1))
@@ -352,12 +352,12 @@ def schedule(config: ConfigOpt = Path("configs/local.yaml"), overrides: Override
         jobs.client = make_client(address)  # last: every input is checked before the cluster is contacted
         code = scheduler.run(timing, once=once, max_runs=max_runs, poll_s=poll)
     except (ScheduleError, OSError) as e:
-        console.print(f"[red]schedule: {e}[/red]")
+        error(console, f"schedule: {e}")
         raise typer.Exit(2) from None
     except Exception as e:
         if type(e).__name__ != "AuthenticationError":  # ray.exceptions: a missing or wrong cluster token
             raise
-        console.print(f"[red]schedule: the cluster refused the token: {e}[/red]")
+        error(console, f"schedule: the cluster refused the token: {e}")
         raise typer.Exit(2) from None
     except KeyboardInterrupt:
         console.print("schedule: stopped (jobs already submitted keep running)")

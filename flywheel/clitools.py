@@ -10,7 +10,7 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from flywheel.config import Config, ConfigError, load_config
+from flywheel.config import REPO_ROOT, Config, ConfigError, load_config
 
 
 def load_or_exit(config: Path, overrides: list[str] | None, console: Console) -> Config:
@@ -18,8 +18,17 @@ def load_or_exit(config: Path, overrides: list[str] | None, console: Console) ->
     try:
         return load_config(config, overrides or [])
     except ConfigError as e:
-        console.print(f"[red]{e}[/red]")
+        hint = ""
+        if not config.is_absolute() and not config.exists() and (REPO_ROOT / config).exists():
+            hint = f" (relative to {Path.cwd()}; the project's is {REPO_ROOT / config})"
+        error(console, f"{e}{hint}")
         raise typer.Exit(2) from None
+
+
+def error(console: Console, text: str, style: str = "red") -> None:
+    """A line for the user in `style`, printed as is: errors quote data and paths, whose [brackets] rich would
+    otherwise read as markup and drop."""
+    console.print(text, style=style, markup=False)
 
 
 @contextmanager
@@ -34,5 +43,7 @@ def says_why_it_stopped(console: Console, then: str = "") -> Iterator[None]:
         from flywheel.failures import summary
 
         logging.getLogger("flywheel").error("stopped", exc_info=True)
-        console.print(f"[red]stopped: {summary(e)}[/red]" + (f"\n{then}" if then else ""))
+        error(console, f"stopped: {summary(e)}")
+        if then:
+            console.print(then)
         raise typer.Exit(1) from None

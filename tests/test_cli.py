@@ -74,3 +74,23 @@ def test_eval_reads_a_storage_uri_and_names_a_missing_file(tmp_path):
     said = r.output.replace("\n", "")  # rich wraps the long path; no space is lost inside it
     assert r.exit_code == 2 and f"--data file://{tmp_path}/missing.jsonl:" in said and "cannot read it" in " ".join(
         r.output.split())
+
+
+def test_a_default_config_missing_from_another_directory_names_the_projects(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    r = runner.invoke(app, ["config", "show"])
+    assert r.exit_code == 2
+    assert f"configs/local.yaml: config file not found (relative to {tmp_path}; the project's is " in r.output
+    assert "[red]" not in r.output
+
+
+def test_a_stop_whose_reason_holds_brackets_prints_it_whole(monkeypatch, tmp_path):
+    from flywheel import iteration, raycluster
+
+    def stops(cfg, n, tracker):
+        raise KeyError("[bold]labels[/bold] missing")
+
+    monkeypatch.setattr(raycluster, "init_ray", lambda cfg: None)
+    monkeypatch.setattr(iteration, "run_iteration", stops)
+    r = runner.invoke(app, ["run", f"run.workdir={tmp_path}/w"])
+    assert r.exit_code == 1 and "stopped: KeyError: '[bold]labels[/bold] missing'" in r.output, r.output

@@ -31,7 +31,7 @@ def serve_command(config: ConfigOpt = Path("configs/local.yaml"), overrides: Ove
 
     from rich.console import Console
 
-    from flywheel.clitools import load_or_exit
+    from flywheel.clitools import error, load_or_exit
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     console = Console(soft_wrap=True)
@@ -54,7 +54,7 @@ def serve_command(config: ConfigOpt = Path("configs/local.yaml"), overrides: Ove
     try:
         d = deploy(cfg)
     except Exception as e:
-        console.print(f"[red]serve failed: {type(e).__name__}: {e}[/red]")
+        error(console, f"serve failed: {type(e).__name__}: {e}")
         raise typer.Exit(1) from None
     console.print(f"judge [bold]{d.served.version}[/bold] serving at {d.url}")
     console.print(f"  health:  curl {d.url}/healthz")

@@ -36,7 +36,7 @@ def _run(training: str, config: Path, data: str, base: str | None, iteration: in
          run_name: str | None, overrides: list[str] | None, method: str | None = None) -> None:
     from rich.console import Console
 
-    from flywheel.clitools import load_or_exit, says_why_it_stopped
+    from flywheel.clitools import error, load_or_exit, says_why_it_stopped
     from flywheel.train.api import train
     from flywheel.train.errors import NonFiniteLossError
 
@@ -47,7 +47,7 @@ def _run(training: str, config: Path, data: str, base: str | None, iteration: in
             result = train(cfg, training, data, base=base, iteration=iteration, register=register, fresh=fresh,
                            run_name=run_name, method=method)
         except NonFiniteLossError as e:
-            console.print(f"[red]{e}[/red]")
+            error(console, str(e))
             raise typer.Exit(3) from None
     if result.reused:
         console.print(f"{training}: identical training already registered: [bold]{result.model_uri}[/bold]")
