@@ -88,7 +88,10 @@ def parse_labeled(text: str, split: str = "id-test") -> tuple[list[dict], list[s
                 if cands[0]["candidate_id"] == cands[1]["candidate_id"]:
                     raise ValueError(f"line {n}: response_a and response_b are the same output")
                 gold = obj["winner"]
-        except (ValueError, json.JSONDecodeError, AttributeError) as e:
+        except json.JSONDecodeError as e:
+            refused.append(f"line {n}: not JSON ({e})")
+            continue
+        except (ValueError, AttributeError) as e:
             refused.append(str(e) if str(e).startswith("line") else f"line {n}: {e}")
             continue
         items.append({"type": kind, "prompt": prompt, "candidates": cands, "gold": gold, "line": n})

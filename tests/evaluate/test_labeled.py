@@ -46,7 +46,7 @@ def test_load_refuses_bad_lines_with_line_numbers(tmp_path):
     assert [i["type"] for i in items] == ["pointwise", "pointwise", "pairwise"]
     text = " | ".join(refused)
     for expected in ("line 4: winner must be 'A' or 'B'", "line 5: score must be", "line 6: type must be",
-                     "line 7:"):
+                     "line 7: not JSON (Expecting value"):
         assert expected in text
 
 
