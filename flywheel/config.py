@@ -52,10 +52,10 @@ class RayConfig(StrictModel):
         "down. null keeps Ray's default (2 s).",
     )
     wait_for_actors_s: float | None = Field(
-        None, gt=0, description="How long a stage's actor pool (Ray Data) may wait for its actors to start; past "
-        "it the stage fails, naming what each actor asks. null waits for ever, as under an autoscaler that adds "
-        "the nodes; on a fixed cluster that has no node to fit an actor, that is a hang (each stage warns at its "
-        "start when no live node fits one).",
+        None, gt=0, description="How long a stage's actor pool (Ray Data), or a GPU training's first worker, may "
+        "wait for a node to start on; past it the stage fails (ActorsDidNotStart), naming what each asks. null "
+        "waits for ever, as under an autoscaler that adds the nodes; on a fixed cluster with no node to fit one, "
+        "that is a hang (each stage and training warns at its start when no live node fits one).",
     )
 
 

@@ -88,6 +88,11 @@ def start_embedded(num_cpus: int | None, *, log_to_driver: bool = True, runtime_
         os.environ.pop("RAY_GCS_SERVER_PORT", None)  # only needed to start the GCS; never leak it
 
 
+class ActorsDidNotStart(RuntimeError):
+    """A stage's actors (or a training's workers) did not start within ray.wait_for_actors_s: no node had, or
+    freed, what each asks."""
+
+
 def actor_ask(res: StageResources) -> dict[str, float]:
     """What one actor or worker of a stage asks a node for, as Ray names the resources."""
     ask = {"CPU": res.num_cpus, "GPU": res.num_gpus, **res.resources}

@@ -44,10 +44,6 @@ class CapReached(RuntimeError):
     """A stage stopped at its cap (e.g. an API teacher's cost): not a failure of its work, which is kept."""
 
 
-class ActorsDidNotStart(RuntimeError):
-    """A stage's actors did not start within ray.wait_for_actors_s: no node had (or freed) what each asks."""
-
-
 @dataclass
 class CoreOutput:
     rows: list[dict] = field(default_factory=list)
@@ -183,7 +179,7 @@ def run_stage(
     limit): the stage stops with CapReached once the counter summed over finished batches passes the limit."""
     import ray
 
-    from flywheel.raycluster import actor_ask, ask_text, no_node_fits
+    from flywheel.raycluster import ActorsDidNotStart, actor_ask, ask_text, no_node_fits
 
     limits = limits or RecordLimits()
     # each input verified once, streaming (never held whole); the first is the stage's input, read by the actors

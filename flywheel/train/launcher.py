@@ -82,17 +82,18 @@ def scaling_config(res: StageResources):
     return ScalingConfig(num_workers=res.actors, use_gpu=res.num_gpus > 0, resources_per_worker=per_worker)
 
 
-def torch_config(res: StageResources):
+def torch_config(res: StageResources, wait_s: float | None = None):
     """The process-group backend: Ray Train's default (NCCL when workers hold GPUs, else gloo), except gloo when the
     GPUs the workers get are logical only (a CPU box offering `--num-gpus`, as the simulated cluster does): NCCL
     cannot start without CUDA. A probe task with the workers' own resources asks a node of their kind, so a
-    CPU-only head never decides for the GPU nodes."""
+    CPU-only head never decides for the GPU nodes. It waits for such a node at most `wait_s` seconds (None: for
+    ever, as under an autoscaler)."""
     import ray
     from ray.train.torch import TorchConfig
 
     if not res.num_gpus:
         return TorchConfig()
-    from flywheel.raycluster import remote_options
+    from flywheel.raycluster import ActorsDidNotStart, actor_ask, ask_text, remote_options
 
     @ray.remote(max_retries=3)
     def cuda_available() -> bool:
@@ -100,8 +101,14 @@ def torch_config(res: StageResources):
 
         return torch.cuda.is_available()
 
-    probe = cuda_available.options(**remote_options(res))
-    return TorchConfig() if ray.get(probe.remote()) else TorchConfig(backend="gloo")
+    probe = cuda_available.options(**remote_options(res)).remote()
+    try:
+        cuda = ray.get(probe, timeout=wait_s)
+    except ray.exceptions.GetTimeoutError:
+        ray.cancel(probe, force=True)
+        raise ActorsDidNotStart(f"training workers: no node with {ask_text(actor_ask(res))} came within {wait_s:g} s "
+                                "(ray.wait_for_actors_s)") from None
+    return TorchConfig() if cuda else TorchConfig(backend="gloo")
 
 
 def ray_train_env(cfg: Config) -> dict[str, str]:
@@ -194,7 +201,7 @@ def launch(cfg: Config, job: TrainJob, run_name: str, local_dir: str) -> LaunchR
         worker_main,
         train_loop_config=job.to_dict(),
         scaling_config=scaling_config(cfg.resources.train),
-        torch_config=torch_config(cfg.resources.train),
+        torch_config=torch_config(cfg.resources.train, cfg.ray.wait_for_actors_s),
         run_config=RunConfig(
             name=run_name,
             storage_path=checkpoint_root(cfg),

@@ -261,7 +261,7 @@ def test_a_stage_whose_actors_no_node_fits_warns_at_once_and_fails_after_the_con
 
     from flywheel.config import load_config
     from flywheel.raycluster import init_ray
-    from flywheel.stages.runner import ActorsDidNotStart
+    from flywheel.raycluster import ActorsDidNotStart
 
     src = write_dataset(str(tmp_path / "in"), "prompt", [_prompt("q0")], config_hash="c", producer="test")
     ctx = DataContext.get_current()

@@ -39,3 +39,20 @@ def test_print_patch_is_off_in_the_workers(monkeypatch, tmp_path):
     monkeypatch.delenv("RAY_TRAIN_ENABLE_PRINT_PATCH", raising=False)
     with driver_env(ray_train_env(cfg)):
         assert get_env_vars_to_propagate()["RAY_TRAIN_ENABLE_PRINT_PATCH"] == "0"
+
+
+def test_workers_no_node_fits_fail_after_the_configured_wait(ray_local):
+    """This box has no GPU: the probe that picks the GPU workers' backend asks a GPU node, which never comes."""
+    import time
+
+    import pytest
+
+    from flywheel.config import StageResources
+    from flywheel.raycluster import ActorsDidNotStart
+    from flywheel.train.launcher import torch_config
+
+    t0 = time.monotonic()
+    with pytest.raises(ActorsDidNotStart, match=r"training workers: no node with CPU 1, GPU 1 came within 2 s"):
+        torch_config(StageResources(num_gpus=1), wait_s=2)
+    assert time.monotonic() - t0 < 30
+    assert torch_config(StageResources(), wait_s=2).backend is None  # CPU workers: no probe, Ray Train decides
