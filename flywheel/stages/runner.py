@@ -64,6 +64,7 @@ class StageResult:
     placement: dict[str, dict] = field(default_factory=dict)
     counters: dict[str, float] = field(default_factory=dict)  # CoreOutput.counters summed over the batches
     batches_kept: int = 0  # batches an interrupted attempt finished, taken as they were (finished_batches)
+    rows_made: int = 0  # input rows this attempt ran through the core (rows_in less the kept batches'): `seconds`'s
 
     @property
     def actor_restarts(self) -> int:
@@ -269,8 +270,9 @@ def run_stage(
         writer.abort()
         raise
     seconds = time.perf_counter() - t0
+    made_in = n_in - sum(int(m["n_in"]) for m in kept.values())
     result = StageResult(manifest, skipped=False, rows_in=n_in, seconds=seconds, placement=placement,
-                         counters=dict(counters), batches_kept=len(kept))
+                         counters=dict(counters), batches_kept=len(kept), rows_made=made_in)
     log.info("stage %s: %d rows in → %d out, %d quarantined, %.1f s → %s; batches per node %s, actor restarts %d, "
              "batches kept from an interrupted attempt %d", name, n_in, manifest.row_count, manifest.quarantined,
              seconds, output, {k[:8]: v["batches"] for k, v in placement.items()}, result.actor_restarts, len(kept))
@@ -283,7 +285,7 @@ def run_stage(
         from flywheel.review import log_samples
 
         mlflow.log_metrics({"rows_in": n_in, "rows_out": manifest.row_count, "quarantined": manifest.quarantined,
-                            "seconds": seconds, "items_per_s": n_in / seconds if seconds else 0.0,
+                            "seconds": seconds, "items_per_s": made_in / seconds if seconds else 0.0,
                             "ray.nodes": len(placement), "ray.actor_restarts": result.actor_restarts,
                             "batches_kept": len(kept)})
         mlflow.log_dict(placement, "ray/placement.json")

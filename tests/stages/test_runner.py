@@ -59,7 +59,7 @@ def test_stage_maps_quarantines_and_skips_when_up_to_date(ray_local, tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("error", RayDeprecationWarning)  # e.g. `ray_remote_args`, gone in Ray 2.64
         r1 = run_stage("shout", core_factory=lambda: ShoutCore("!"), stage_hash="h1", **kwargs)
-    assert not r1.skipped and r1.rows_in == 12
+    assert not r1.skipped and r1.rows_in == r1.rows_made == 12
     # where batches ran (a side channel): this one node, every batch of 3 once, by at most the pool's 2 actors
     [(node, where)] = r1.placement.items()
     assert node == ray.get_runtime_context().get_node_id()
@@ -233,7 +233,7 @@ def test_an_interrupted_stage_keeps_its_finished_batches_and_makes_only_the_rest
     assert made_now() == ["please reject me", "q0", "q3", "q6"] and not (tmp_path / "out" / "manifest.json").exists()
     r = attempt(stage_hash="h")
     assert made_now() == ["please reject me", "q6"]  # only the unfinished batches
-    assert r.batches_kept == 2 and r.rows_in == 12
+    assert r.batches_kept == 2 and r.rows_in == 12 and r.rows_made == 6  # its throughput is of these 6
     assert r.manifest.content_hash == clean.manifest.content_hash and r.manifest.files == clean.manifest.files
     assert read_rows(out) == read_rows(clean.manifest.path) and read_quarantine(out) == read_quarantine(
         clean.manifest.path)
