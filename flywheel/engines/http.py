@@ -5,7 +5,8 @@ What it promises beyond the engine contract (flywheel/engines/base.py):
 - at most `max_concurrency` requests in flight per `generate` call (an asyncio semaphore + a bounded pool);
 - a 429, any 5xx, a timeout or a connection error is retried up to `max_retries` times with exponential backoff
   and jitter (a `Retry-After` header is honoured up to `backoff_max_s`); other 4xx are final, with the server's
-  reason in the result's `error` (that request is wrong: its item is quarantined with the reason);
+  reason in the result's `error` (that request is wrong: its item is quarantined with the reason), except those
+  that refuse the caller (401, 403, 404, 405, 407: its key, URL or model): the call raises EndpointRefused;
 - a request that still fails after every retry means the endpoint is down or overloaded, not that the item is bad:
   the call raises EndpointUnavailable once all its requests are done, so the stage stops instead of quarantining
   good items, and `--resume` asks again, keeping the batches that finished (flywheel/stages/finished_batches.py);
@@ -42,6 +43,10 @@ from flywheel.images import PNG_MAGIC, to_png_bytes
 log = logging.getLogger(__name__)
 
 RETRY_STATUS = frozenset({429}) | frozenset(range(500, 600))
+# Refusals of the caller, not of a request: a wrong or missing key (401, 407), a key without access (403), a wrong
+# URL or model name (404: OpenAI's and vLLM's answer to an unknown model; 405: a path that takes no POST). Every
+# request would meet them, so they stop the call (EndpointRefused) instead of quarantining every item.
+REFUSED_STATUS = frozenset({401, 403, 404, 405, 407})
 
 
 class MissingApiKey(RuntimeError):
@@ -50,6 +55,10 @@ class MissingApiKey(RuntimeError):
 
 class EndpointUnavailable(RuntimeError):
     """Requests that failed after every retry (429, 5xx, timeouts, connection errors): the endpoint, not the item."""
+
+
+class EndpointRefused(RuntimeError):
+    """The endpoint refused the caller (REFUSED_STATUS: its key, URL or model), not a request: fix the config."""
 
 
 @dataclass
@@ -144,12 +153,17 @@ class HTTPTextEngine(TextEngine):
         connector = aiohttp.TCPConnector(limit=self.http.max_concurrency)
         async with aiohttp.ClientSession(timeout=timeout, connector=connector, headers=self._headers()) as session:
             gave_up: list[str] = []  # errors of requests that failed after every retry
-            results = await asyncio.gather(*(self._one(session, sem, req, seed + i, gave_up)
+            refused: list[str] = []  # refusals of the caller (REFUSED_STATUS)
+            results = await asyncio.gather(*(self._one(session, sem, req, seed + i, gave_up, refused)
                                              for i, req in enumerate(requests)))
         with self._lock:
             self.usage.seconds += time.perf_counter() - t0
             self._calls += 1
         self._log_usage()
+        if refused:
+            raise EndpointRefused(f"{self.url}: {len(refused)} of {len(results)} requests refused (first: "
+                                  f"{refused[0]}): the key (api_key_env), the URL or the model name is wrong for "
+                                  "this endpoint. Fix the config and run again: finished batches are kept.")
         if gave_up:
             raise EndpointUnavailable(f"{self.url}: {len(gave_up)} of {len(results)} requests failed after "
                                       f"{self.http.max_retries + 1} attempts each (first: {gave_up[0]}); the "
@@ -194,7 +208,7 @@ class HTTPTextEngine(TextEngine):
         return d / 2 + random.uniform(0, d / 2)  # "equal jitter": never zero, never in lock-step
 
     async def _one(self, session, sem: asyncio.Semaphore, req: TextRequest, seed: int,
-                   gave_up: list[str]) -> TextResult:
+                   gave_up: list[str], refused: list[str]) -> TextResult:
         import aiohttp
 
         with self._lock:
@@ -232,6 +246,10 @@ class HTTPTextEngine(TextEngine):
                     last = other                # may reach ours
                 else:
                     last = f"HTTP {status}: {_reason(text)}"
+                    if status in REFUSED_STATUS:
+                        self._count("refused", failed=1)
+                        refused.append(last)
+                        return TextResult(error=last)
                     if status not in RETRY_STATUS:
                         self._count("final", failed=1)
                         return TextResult(error=last)

@@ -18,7 +18,8 @@ from PIL import Image
 
 from flywheel.config import GenerationConfig, HttpEngineConfig, load_config
 from flywheel.engines.base import TextRequest
-from flywheel.engines.http import EndpointUnavailable, HTTPTextEngine, MissingApiKey, openai_messages
+from flywheel.engines.http import (EndpointRefused, EndpointUnavailable, HTTPTextEngine, MissingApiKey,
+                                  openai_messages)
 from flywheel.images import PNG_MAGIC
 
 
@@ -131,6 +132,18 @@ def test_gives_up_after_max_retries_and_never_retries_other_4xx(server):
         eng.generate([_ask("always-503"), _ask("ok-2")])
     assert server.attempts["always-503"] == 3 and server.attempts["ok-2"] == 1
     assert eng.usage.failed == 3 and eng.usage.succeeded == 2
+
+
+@pytest.mark.parametrize("status", [401, 403, 404])
+def test_a_refusal_of_the_caller_stops_the_call_unretried_instead_of_quarantining_every_item(server, status):
+    """A wrong key (401), a key without access (403) or a wrong URL or model name (404) would meet every request:
+    not an item's fault, so no item is quarantined for it (a stage stops, and its finished batches are kept)."""
+    eng = _engine(server.port, max_retries=2)
+    with pytest.raises(EndpointRefused, match=rf"1 of 2 requests refused \(first: HTTP {status}: always {status}\): "
+                                              r"the key \(api_key_env\), the URL or the model name is wrong"):
+        eng.generate([_ask(f"always-{status}"), _ask("ok")])
+    assert server.attempts[f"always-{status}"] == 1  # never retried
+    assert eng.usage.status_counts["refused"] == 1 and eng.usage.succeeded == 1
 
 
 def test_an_answer_from_another_model_is_retried_then_a_failure_never_a_label(server):
