@@ -14,8 +14,6 @@ from collections.abc import Callable, Iterable, Mapping
 from itertools import islice
 from typing import Any
 
-import pyarrow.fs as pafs
-
 from flywheel import storage
 from flywheel.datasets import MANIFEST, Manifest, iter_dataset_rows, iter_quarantine, read_manifest
 from flywheel.records import json_safe
@@ -107,12 +105,10 @@ def _found(uri: str, name: str, depth: int) -> list[tuple[str, Manifest]]:
 
 
 def _subdirs(uri: str) -> list[str]:
-    fs, path = storage.resolve(uri)
     try:
-        infos = fs.get_file_info(pafs.FileSelector(path, allow_not_found=True))
+        return [d for d in storage.subdirs(uri) if not d.startswith("_")]  # not finished_batches' records
     except OSError:
         return []
-    return sorted(i.base_name for i in infos if i.type == pafs.FileType.Directory and not i.base_name.startswith("_"))
 
 
 def resolve_name(names: Mapping[str, str], dataset: str) -> str:

@@ -94,3 +94,17 @@ def remove(uri: str | os.PathLike, missing_ok: bool = True) -> None:
             return
         raise FileNotFoundError(f"cannot remove {uri}: no such file")
     fs.delete_file(path)
+
+
+def remove_dir(uri: str | os.PathLike) -> None:
+    """Delete a directory and everything below it; an absent one is fine."""
+    fs, path = resolve(uri)
+    if fs.get_file_info(path).type != pafs.FileType.NotFound:
+        fs.delete_dir(path)
+
+
+def subdirs(uri: str | os.PathLike) -> list[str]:
+    """The names of the directories directly below `uri` (none if it is absent), sorted."""
+    fs, path = resolve(uri)
+    infos = fs.get_file_info(pafs.FileSelector(path, allow_not_found=True))
+    return sorted(i.base_name for i in infos if i.type == pafs.FileType.Directory)

@@ -23,7 +23,7 @@ from flywheel.datasets import read_manifest
 from flywheel.train import registry
 from flywheel.train.config import TRAININGS
 from flywheel.train.heldout_inputs import heldout_inputs, inputs_digest
-from flywheel.train.launcher import launch
+from flywheel.train.launcher import launch, prune_run
 from flywheel.train.worker import TrainJob
 
 log = logging.getLogger(__name__)
@@ -188,5 +188,9 @@ def train(cfg: Config, training: str, data: str, *, base: str | None = None, tra
                 mv = registry.register(cfg, training, res.export_dir, run.info.run_id, tags)
                 model_uri = registry.describe(mv)
                 mlflow.set_tag("flywheel.model_version", model_uri)
+                if cfg.train.prune_registered and run_name is None and res.checkpoint_path:
+                    gone = prune_run(cfg, name, keep=res.checkpoint_path)
+                    log.info("%s: registered as %s; %d earlier checkpoints of run %s deleted (the final one stays: "
+                             "%s)", training, model_uri, len(gone), name, res.checkpoint_path)
         return TrainResult(training, name, run_key, model_uri, run.info.run_id, res.checkpoint_path, res.final,
                            res.steps)

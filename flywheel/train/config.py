@@ -219,6 +219,11 @@ class TrainConfig(StrictModel):
                             "(and at the end); resume continues from the latest.")
     keep_checkpoints: int = Field(2, ge=1, description="Checkpoints kept per run on storage (older ones are "
                                   "deleted).")
+    prune_registered: bool = Field(
+        True, description="Once a training's model version is registered, delete its run's checkpoints but the "
+        "final one: they are kept to resume the run, which a registered training never is (an identical training "
+        "reuses the registered version). A recurring flywheel of 7B trainings keeps ~keep_checkpoints full "
+        "states (weights and optimizer) less per training. Not for runs named by hand (`--run-name`).")
     max_failures: int = Field(1, ge=-1, description="Ray Train FailureConfig: times a failed worker group is "
                               "restarted from the latest checkpoint (-1: forever).")
     seed: int | None = Field(None, description="Seed of data order, LoRA init and noise; null uses run.seed.")

@@ -41,6 +41,16 @@ def run_dir(cfg: Config, run_name: str) -> str:
     return storage.join(checkpoint_root(cfg), run_name)
 
 
+def prune_run(cfg: Config, run_name: str, keep: str) -> list[str]:
+    """Delete a finished run's checkpoints but `keep` (its final one): Ray Train keeps the last keep_checkpoints + 1
+    to resume the run, which a registered training never is (the registry's copy is reused). Returns what went."""
+    kept = storage.name(keep)
+    gone = [d for d in storage.subdirs(run_dir(cfg, run_name)) if d.startswith("checkpoint_") and d != kept]
+    for d in gone:
+        storage.remove_dir(storage.join(run_dir(cfg, run_name), d))
+    return gone
+
+
 def read_journal(cfg: Config, run_name: str) -> list[dict]:
     path = storage.join(run_dir(cfg, run_name), JOURNAL)
     if not storage.exists(path):

@@ -15,10 +15,11 @@ from mlflow import MlflowClient
 from typer.testing import CliRunner
 
 from flywheel.engines import ImageRequest, TextRequest
+from flywheel import storage
 from flywheel.train import registry
 from flywheel.train.api import train
 from flywheel.train.guards import NonFiniteLossError
-from flywheel.train.launcher import read_journal
+from flywheel.train.launcher import read_journal, run_dir
 from flywheel.train.synthetic import shape_image
 
 from flywheel.config import REPO_ROOT
@@ -108,6 +109,10 @@ def test_judge_sft_then_judge_dpo_from_its_adapter(judge_sft, datasets):
     assert (export / "adapter" / "adapter_model.safetensors").exists() and not (export / "model").exists()
     _assert_safetensors_only(export)
     assert sft.checkpoint_path.startswith(cfg.storage.uri) and sft.final["final_step"] == 40
+    # checkpoints every 4 steps, 3 kept to resume: once registered, only the final one stays (train.prune_registered)
+    left = [d for d in storage.subdirs(run_dir(cfg, sft.run_name)) if d.startswith("checkpoint_")]
+    assert left == [storage.name(sft.checkpoint_path)]
+    assert storage.exists(storage.join(sft.checkpoint_path, "export", "flywheel.json"))
     assert [e["step"] for e in sft.steps] == list(range(1, 41)) and all(len(e["ids"]) == 4 for e in sft.steps)
     run = _stage_run(cfg, sft)
     assert run.data.tags["mlflow.parentRunId"] and run.data.tags["flywheel.stage"] == "judge-sft"
