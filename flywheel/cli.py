@@ -267,7 +267,9 @@ def data(config: ConfigOpt = Path("configs/local.yaml"), overrides: Overrides = 
             raise typer.Exit(2)
         listed = data_view.datasets_of(names)
         if as_json:
-            typer.echo(json.dumps({name: m and m.model_dump(mode="json") for name, m in listed}, indent=1))
+            typer.echo(json.dumps({x.name: x.manifest and {**x.manifest.model_dump(mode="json"), "uri": x.uri,
+                                                           "bytes": data_view.size_bytes(x.uri, x.manifest)}
+                                   for x in listed}, indent=1))
         else:
             console.print(data_view.listing_table(n, listed))
         return

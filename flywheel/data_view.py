@@ -12,7 +12,7 @@ import json
 import re
 from collections.abc import Callable, Iterable, Mapping
 from itertools import islice
-from typing import Any
+from typing import Any, NamedTuple
 
 from flywheel import storage
 from flywheel.datasets import MANIFEST, Manifest, iter_dataset_rows, iter_quarantine, read_manifest
@@ -86,22 +86,36 @@ def parse_failures(rows: Iterable[dict], top: int = 10) -> dict:
     return groups.top(top)
 
 
-def datasets_of(names: Mapping[str, str], depth: int = 2) -> list[tuple[str, Manifest | None]]:
-    """Each named dataset's manifest; where a name holds datasets below it instead (curated/sft, gold/id-test/
-    judgments), each of those (up to `depth` levels down); None where nothing has been written (yet)."""
-    listed: list[tuple[str, Manifest | None]] = []
+class Listed(NamedTuple):
+    name: str  # as `flywheel data --dataset` takes it: labels, curated/sft
+    uri: str
+    manifest: Manifest | None  # None: not written (yet)
+
+
+def datasets_of(names: Mapping[str, str], depth: int = 2) -> list[Listed]:
+    """Each named dataset; where a name holds datasets below it instead (curated/sft, gold/id-test/judgments),
+    each of those (up to `depth` levels down); a name with nothing written (yet) once, without a manifest."""
+    listed: list[Listed] = []
     for name, uri in names.items():
-        found = _found(uri, name, depth)
-        listed.extend(found or [(name, None)])
+        listed.extend(_found(uri, name, depth) or [Listed(name, uri, None)])
     return listed
 
 
-def _found(uri: str, name: str, depth: int) -> list[tuple[str, Manifest]]:
+def _found(uri: str, name: str, depth: int) -> list[Listed]:
     if storage.exists(storage.join(uri, MANIFEST)):
-        return [(name, read_manifest(uri))]
+        return [Listed(name, uri, read_manifest(uri))]
     if depth == 0:
         return []
     return [x for child in _subdirs(uri) for x in _found(storage.join(uri, child), f"{name}/{child}", depth - 1)]
+
+
+def size_bytes(uri: str, m: Manifest) -> int:
+    """The bytes of a dataset's data and quarantine files on storage."""
+    from flywheel.datasets import QUARANTINE
+
+    fs, _ = storage.resolve(uri)
+    paths = [storage.resolve(storage.join(uri, f))[1] for f in [*m.files, *([QUARANTINE] if m.quarantined else [])]]
+    return sum(max(i.size or 0, 0) for i in fs.get_file_info(paths))
 
 
 def _subdirs(uri: str) -> list[str]:
@@ -137,18 +151,18 @@ def describe(uri: str, top: int = 10, rows: int = 0) -> dict:
             "rows": [brief(json_safe(r)) for r in islice(iter_dataset_rows(uri), rows)] if rows else []}
 
 
-def listing_table(n: int, listed: list[tuple[str, Manifest | None]]):
+def listing_table(n: int, listed: list[Listed]):
     from rich.table import Table
 
     table = Table(title=f"iteration {n}: datasets (`flywheel data --dataset <name>` shows one)")
-    for col in ("dataset", "kind", "rows", "quarantined", "producer", "written (UTC)", "path"):
-        table.add_column(col, justify="right" if col in ("rows", "quarantined") else "left")
-    for name, m in listed:
+    for col in ("dataset", "kind", "rows", "quarantined", "MB", "producer", "written (UTC)", "path"):
+        table.add_column(col, justify="right" if col in ("rows", "quarantined", "MB") else "left")
+    for name, uri, m in listed:
         if m is None:
-            table.add_row(name, "", "", "", "", "not written", "")
+            table.add_row(name, "", "", "", "", "", "not written", "")
         else:
             table.add_row(name, m.kind, str(m.row_count), str(m.quarantined) if m.quarantined else "",
-                          m.producer, m.created_at[:19].replace("T", " "), m.path)
+                          f"{size_bytes(uri, m) / 1e6:.1f}", m.producer, m.created_at[:19].replace("T", " "), uri)
     return table
 
 

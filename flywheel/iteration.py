@@ -160,7 +160,8 @@ def _run_iteration(cfg: Config, n: int, tracker: Tracker | None) -> IterationRes
         pref = make_preferences(start, cfg, p, n, tracker, stage, res)
         if pref:
             _train_and_gate_policies(start, cfg, p, pref, n, tracker, stage, res)
-        res.quarantined = {name: m.quarantined for name, m in data_view.datasets_of(p) if m and m.quarantined}
+        res.quarantined = {x.name: x.manifest.quarantined for x in data_view.datasets_of(p)
+                           if x.manifest and x.manifest.quarantined}
         _summarize(res)
         record.finished, record.decisions = True, res.decisions
         record.save(it_dir)

@@ -2,6 +2,7 @@
 listed with their counts."""
 
 import json
+from pathlib import Path
 
 from mlflow import MlflowClient
 from typer.testing import CliRunner
@@ -75,6 +76,11 @@ def test_flywheel_data_lists_an_iterations_datasets_and_shows_one(tmp_path):
     assert " 2 " in next(x for x in r.output.splitlines() if "curated/sft" in x)  # a dataset below a name
     r = runner.invoke(app, ["data", wd, "--iteration", "0", "--dataset", "curated/sft"])
     assert r.exit_code == 0 and "2 prompt rows, 0 quarantined" in r.output, r.output
+    r = runner.invoke(app, ["data", wd, "--iteration", "0", "--json"])
+    listed = json.loads(r.output)
+    labels = Path(paths(cfg, 0)["labels"])
+    assert listed["labels"]["bytes"] == sum(f.stat().st_size for f in labels.iterdir() if f.name != "manifest.json")
+    assert listed["labels"]["uri"] == str(labels) and listed["candidates"] is None and "curated/sft" in listed
     r = runner.invoke(app, ["data", wd])  # the latest iteration
     assert r.exit_code == 0 and "iteration 1" in r.output, r.output
     r = runner.invoke(app, ["data", wd, "--iteration", "0", "--dataset", "labels", "--top", "1"])
