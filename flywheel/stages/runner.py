@@ -64,7 +64,7 @@ class StageResult:
     placement: dict[str, dict] = field(default_factory=dict)
     counters: dict[str, float] = field(default_factory=dict)  # CoreOutput.counters summed over the batches
     batches_kept: int = 0  # batches an interrupted attempt finished, taken as they were (finished_batches)
-    rows_made: int = 0  # input rows this attempt ran through the core (rows_in less the kept batches'): `seconds`'s
+    rows_made: int = 0  # input rows this attempt ran (rows_in less the kept batches'): what `seconds` timed
 
     @property
     def actor_restarts(self) -> int:
