@@ -15,7 +15,7 @@ from itertools import islice
 from typing import Any, NamedTuple
 
 from flywheel import storage
-from flywheel.datasets import MANIFEST, Manifest, iter_dataset_rows, iter_quarantine, read_manifest
+from flywheel.datasets import MANIFEST, QUARANTINE, Manifest, iter_dataset_rows, iter_quarantine, read_manifest
 from flywheel.records import json_safe
 
 EXAMPLE_CHARS = 400  # of an example's raw row: enough to see what it was, not a page of JSON
@@ -111,8 +111,6 @@ def _found(uri: str, name: str, depth: int) -> list[Listed]:
 
 def size_bytes(uri: str, m: Manifest) -> int:
     """The bytes of a dataset's data and quarantine files on storage."""
-    from flywheel.datasets import QUARANTINE
-
     fs, _ = storage.resolve(uri)
     paths = [storage.resolve(storage.join(uri, f))[1] for f in [*m.files, *([QUARANTINE] if m.quarantined else [])]]
     return sum(max(i.size or 0, 0) for i in fs.get_file_info(paths))
