@@ -252,13 +252,26 @@ def data(config: ConfigOpt = Path("configs/local.yaml"), overrides: Overrides = 
          as_json: Annotated[bool, typer.Option("--json", help="JSON instead of tables.")] = False) -> None:
     """The datasets of an iteration (rows, quarantined, producer), or one dataset's manifest and why its
     quarantined rows were refused, grouped, with an example of each."""
+    from flywheel.datasets import ManifestMismatch
+
+    cfg = _load(config, overrides)
+    try:
+        _show_data(cfg, iteration, dataset, top, rows, as_json)
+    except OSError as e:  # storage unreachable or unreadable (an object store's credentials, a missing mount)
+        error(console, f"cannot read {cfg.storage.uri}: {e}")
+        raise typer.Exit(2) from None
+    except ManifestMismatch as e:  # a dataset changed or damaged since it was written
+        error(console, str(e))
+        raise typer.Exit(2) from None
+
+
+def _show_data(cfg, iteration: int | None, dataset: str | None, top: int, rows: int, as_json: bool) -> None:
     import json
 
     from flywheel import data_view
     from flywheel.datasets import MissingManifest
     from flywheel.iteration import paths
 
-    cfg = _load(config, overrides)
     n = iteration if iteration is not None else data_view.latest_iteration(cfg.storage.uri)
     names = paths(cfg, n) if n is not None else {}
     if dataset is None:

@@ -121,3 +121,10 @@ def test_reason_groups_stay_bounded_and_count_every_item(monkeypatch):
         groups.add("f", f"reason {'abcdefghij'[i]}", i, lambda: "x")
     top = groups.top(2)
     assert len(groups.groups) == 3 and top["total"] == 10 and top["other"] == 8
+
+
+def test_flywheel_data_names_a_damaged_dataset_instead_of_a_traceback(tmp_path):
+    m = _refused(str(tmp_path / "d"))
+    (tmp_path / "d" / m.files[0]).write_bytes(b"not parquet")
+    r = CliRunner().invoke(app, ["data", f"run.workdir={tmp_path}/wd", "--dataset", m.path, "--rows", "1"])
+    assert r.exit_code == 2 and "is not readable Parquet" in r.output and "Traceback" not in r.output, r.output
