@@ -6,7 +6,8 @@ What it promises beyond the engine contract (flywheel/engines/base.py):
 - a 429, any 5xx, a timeout or a connection error is retried up to `max_retries` times with exponential backoff
   and jitter (a `Retry-After` header is honoured up to `backoff_max_s`); other 4xx are final, with the server's
   reason in the result's `error` (that request is wrong: its item is quarantined with the reason), except those
-  that refuse the caller (401, 403, 404, 405, 407: its key, URL or model): the call raises EndpointRefused;
+  that refuse the caller (401, 403, 404, 405, 407: its key, URL or model; a 404 after its retries, as Ray Serve's
+  proxies give one for a route just deployed): the call raises EndpointRefused;
 - a request that still fails after every retry means the endpoint is down or overloaded, not that the item is bad:
   the call raises EndpointUnavailable once all its requests are done, so the stage stops instead of quarantining
   good items, and `--resume` asks again, keeping the batches that finished (flywheel/stages/finished_batches.py);
@@ -47,6 +48,9 @@ RETRY_STATUS = frozenset({429}) | frozenset(range(500, 600))
 # URL or model name (404: OpenAI's and vLLM's answer to an unknown model; 405: a path that takes no POST). Every
 # request would meet them, so they stop the call (EndpointRefused) instead of quarantining every item.
 REFUSED_STATUS = frozenset({401, 403, 404, 405, 407})
+# ... of which a 404 is retried first: Ray Serve's proxies answer 404 until a route they have not yet heard of is
+# added (an app just deployed or redeployed), so our own judge app may give one briefly.
+RETRIED_REFUSALS = frozenset({404})
 
 
 class MissingApiKey(RuntimeError):
@@ -246,11 +250,12 @@ class HTTPTextEngine(TextEngine):
                     last = other                # may reach ours
                 else:
                     last = f"HTTP {status}: {_reason(text)}"
-                    if status in REFUSED_STATUS:
+                    if status in REFUSED_STATUS and (status not in RETRIED_REFUSALS
+                                                     or attempt == self.http.max_retries):
                         self._count("refused", failed=1)
                         refused.append(last)
                         return TextResult(error=last)
-                    if status not in RETRY_STATUS:
+                    if status not in RETRY_STATUS | RETRIED_REFUSALS:
                         self._count("final", failed=1)
                         return TextResult(error=last)
             if attempt < self.http.max_retries:
