@@ -1,3 +1,4 @@
+import pytest
 from tiny_iteration import ZOO_MODELS
 from typer.testing import CliRunner
 
@@ -52,18 +53,22 @@ def test_serve_detach_refuses_the_address_an_embedded_ray_left_behind(monkeypatc
     assert r.exit_code == 2 and "--detach needs a Ray cluster" in r.output, r.output
 
 
-def test_run_that_stops_ends_with_why_and_how_to_resume(monkeypatch, tmp_path):
+@pytest.mark.parametrize("error, line", [
+    (ConnectionError("teacher endpoint unreachable"), "stopped: ConnectionError: teacher endpoint unreachable"),
+    # printed as is: rich would read the brackets as markup and drop them
+    (KeyError("[bold]labels[/bold] missing"), "stopped: KeyError: '[bold]labels[/bold] missing'")])
+def test_run_that_stops_ends_with_why_and_how_to_resume(monkeypatch, tmp_path, error, line):
     """The iteration itself is stood in for (its failures have their own tests): what the command does with one."""
     from flywheel import iteration, raycluster
 
     def stops(cfg, n, tracker):
-        raise ConnectionError("teacher endpoint unreachable")
+        raise error
 
     monkeypatch.setattr(raycluster, "init_ray", lambda cfg: None)
     monkeypatch.setattr(iteration, "run_iteration", stops)
     r = runner.invoke(app, ["run", f"run.workdir={tmp_path}/w"])
     assert r.exit_code == 1, r.output
-    assert "stopped: ConnectionError: teacher endpoint unreachable" in r.output
+    assert line in r.output
     assert "the same command again resumes" in r.output.replace("\n", " ")
 
 
@@ -82,15 +87,3 @@ def test_a_default_config_missing_from_another_directory_names_the_projects(tmp_
     assert r.exit_code == 2
     assert f"configs/local.yaml: config file not found (relative to {tmp_path}; the project's is " in r.output
     assert "[red]" not in r.output
-
-
-def test_a_stop_whose_reason_holds_brackets_prints_it_whole(monkeypatch, tmp_path):
-    from flywheel import iteration, raycluster
-
-    def stops(cfg, n, tracker):
-        raise KeyError("[bold]labels[/bold] missing")
-
-    monkeypatch.setattr(raycluster, "init_ray", lambda cfg: None)
-    monkeypatch.setattr(iteration, "run_iteration", stops)
-    r = runner.invoke(app, ["run", f"run.workdir={tmp_path}/w"])
-    assert r.exit_code == 1 and "stopped: KeyError: '[bold]labels[/bold] missing'" in r.output, r.output
