@@ -103,6 +103,18 @@ def ask_text(ask: dict[str, float]) -> str:
     return ", ".join(f"{k} {v:g}" for k, v in ask.items())
 
 
+def warn_if_no_node_fits(who: str, res: StageResources, setting: str = "") -> str | None:
+    """Log that `who` ("stage x: each of its actors") would wait for ever on a fixed cluster when no live node has
+    what one asks (on an autoscaled one it waits for the node); no_node_fits's answer."""
+    ask = actor_ask(res)
+    short = no_node_fits(ask)
+    if short is not None:
+        log.warning("%s asks %s and no live node has that (%s): it waits for a node an autoscaler adds, and on a "
+                    "fixed cluster never starts (%sray.wait_for_actors_s makes it fail after that long instead)",
+                    who, ask_text(ask), short, f"{setting}; " if setting else "")
+    return short
+
+
 def no_node_fits(ask: dict[str, float]) -> str | None:
     """None if a live node has all of `ask` (in total: it may be busy now); else what the live nodes have of it,
     e.g. "1 node with CPU 2, GPU 0"."""

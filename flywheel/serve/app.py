@@ -331,7 +331,7 @@ def deploy(cfg: Config) -> Deployed:
     deploy the judge app; returns once every replica is up. Zoo models are built first when named."""
     import ray
 
-    from flywheel.raycluster import actor_ask, ask_text, init_ray, no_node_fits
+    from flywheel.raycluster import init_ray, warn_if_no_node_fits
     from flywheel.serve.model import served_ref
 
     if served_ref(cfg).startswith("zoo:"):
@@ -341,9 +341,7 @@ def deploy(cfg: Config) -> Deployed:
     init_ray(cfg)
     served = resolve_served_model(cfg)
     s = cfg.serve
-    if (short := no_node_fits(ask := actor_ask(cfg.resources.serve))) is not None:
-        log.warning("serve: each replica asks %s and no live node has that (%s): the app waits for a node an "
-                    "autoscaler adds, and on a fixed cluster never starts (resources.serve)", ask_text(ask), short)
+    warn_if_no_node_fits("serve: each replica", cfg.resources.serve, "resources.serve")
     serve.start(http_options={"host": s.host, "port": s.port})
     port = _proxy_port(s.port)
     serve.run(build_app(cfg, served), name=s.app_name, route_prefix=s.route_prefix)

@@ -180,7 +180,7 @@ def run_stage(
     limit): the stage stops with CapReached once the counter summed over finished batches passes the limit."""
     import ray
 
-    from flywheel.raycluster import ActorsDidNotStart, actor_ask, ask_text, no_node_fits
+    from flywheel.raycluster import ActorsDidNotStart, actor_ask, ask_text, warn_if_no_node_fits
 
     limits = limits or RecordLimits()
     # each input verified once, streaming (never held whole); the first is the stage's input, read by the actors
@@ -199,16 +199,10 @@ def run_stage(
     writer = PartsWriter(output, kind, config_hash=stage_hash, producer=name, upstream=upstream)
     n_in, placement, counters = 0, {}, Counter()
     progress = _Progress(n_batches, tracker is not None)
-    ask = actor_ask(resources)
-    short = no_node_fits(ask) if todo else None
-    shown = ask_text(ask)
+    short = warn_if_no_node_fits(f"stage {name}: each of its actors", resources) if todo else None
     try:
         made = iter(())
         if todo:
-            if short is not None:
-                log.warning("stage %s: each of its actors asks %s and no live node has that (%s): it waits for a "
-                            "node an autoscaler adds, and on a fixed cluster never starts (ray.wait_for_actors_s "
-                            "makes it fail after that long instead)", name, shown, short)
             ctx = ray.data.DataContext.get_current()
             ctx.execution_options.preserve_order = True  # same input, same output order: ids and hashes are stable
             # One block per batch: Ray Data hands an actor a whole block per task, so a single block would send
@@ -264,7 +258,7 @@ def run_stage(
             raise
         wait = ray.data.DataContext.get_current().wait_for_min_actors_s
         raise ActorsDidNotStart(f"stage {name}: its {resources.actors} actor(s) did not start in {wait:g} s "
-                                f"(ray.wait_for_actors_s): each asks {shown}; "
+                                f"(ray.wait_for_actors_s): each asks {ask_text(actor_ask(resources))}; "
                                 f"{short or 'a live node has that, but it was not free'}") from e
     except BaseException:
         writer.abort()

@@ -198,13 +198,10 @@ def launch(cfg: Config, job: TrainJob, run_name: str, local_dir: str) -> LaunchR
     from ray.train import CheckpointConfig, FailureConfig, RunConfig
     from ray.train.torch import TorchTrainer
 
-    from flywheel.raycluster import actor_ask, ask_text, init_ray, no_node_fits
+    from flywheel.raycluster import init_ray, warn_if_no_node_fits
 
     init_ray(cfg)
-    if (short := no_node_fits(ask := actor_ask(cfg.resources.train))) is not None:
-        log.warning("%s: each Ray Train worker asks %s and no live node has that (%s): the training waits for a "
-                    "node an autoscaler adds, and on a fixed cluster never starts (resources.train)", job.training,
-                    ask_text(ask), short)
+    warn_if_no_node_fits(f"{job.training}: each Ray Train worker", cfg.resources.train, "resources.train")
     s = cfg.train.resolved(job.training)
     storage.makedirs(run_dir(cfg, run_name))
     trainer = TorchTrainer(
