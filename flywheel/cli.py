@@ -268,9 +268,9 @@ def data(config: ConfigOpt = Path("configs/local.yaml"), overrides: Overrides = 
 def _show_data(cfg, iteration: int | None, dataset: str | None, top: int, rows: int, as_json: bool) -> None:
     import json
 
-    from flywheel import data_view
+    from flywheel import data_view, retention
     from flywheel.datasets import MissingManifest
-    from flywheel.iteration import paths
+    from flywheel.iteration import iteration_dir, paths
 
     n = iteration if iteration is not None else data_view.latest_iteration(cfg.storage.uri)
     names = paths(cfg, n) if n is not None else {}
@@ -284,7 +284,7 @@ def _show_data(cfg, iteration: int | None, dataset: str | None, top: int, rows: 
                                                            "bytes": data_view.size_bytes(x.uri, x.manifest)}
                                    for x in listed}, indent=1))
         else:
-            console.print(data_view.listing_table(n, listed))
+            console.print(data_view.listing_table(n, listed, retention.pruned_names(iteration_dir(cfg, n))))
         return
     uri = data_view.resolve_name(names, dataset)
     try:
@@ -297,6 +297,33 @@ def _show_data(cfg, iteration: int | None, dataset: str | None, top: int, rows: 
         typer.echo(json.dumps(shown, indent=1))
     else:
         data_view.print_description(console, shown)
+
+
+@app.command("prune")
+def prune(config: ConfigOpt = Path("configs/local.yaml"), overrides: Overrides = None,
+          keep: Annotated[int | None, typer.Option(min=1, help="Finished iterations kept whole, the newest "
+                                                               "(default: storage.keep_iterations).")] = None,
+          yes: Annotated[bool, typer.Option("--yes", help="Delete; without it, only show what would go.")] = False
+          ) -> None:
+    """Delete the datasets of old finished iterations that nothing reads any more: not those a kept dataset was
+    made from, nor the pairs a preference pool waits for (flywheel/retention.py). Records, MLflow runs and
+    registered models stay."""
+    from flywheel import retention
+    from flywheel.workdir_lock import WorkdirBusy
+
+    cfg = _load(config, overrides)
+    if keep is None and cfg.storage.keep_iterations is None:
+        error(console, "--keep N: how many finished iterations to keep whole (storage.keep_iterations is not set)")
+        raise typer.Exit(2)
+    try:
+        p = retention.prune(cfg, keep) if yes else retention.plan_for(cfg, keep)
+    except (ValueError, WorkdirBusy, retention.UnreadableManifest, OSError) as e:  # ValueError: a damaged record
+        error(console, str(e))
+        raise typer.Exit(2) from None
+    console.print(retention.plan_table(p))
+    verb = "deleted" if yes else "would be deleted (--yes deletes them)"
+    console.print(f"{p.datasets} datasets, {p.bytes / 1e6:.1f} MB {verb}; iterations kept whole: "
+                  f"{', '.join(map(str, p.kept)) or 'none'}")
 
 
 @app.command("smoke")

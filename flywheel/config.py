@@ -65,6 +65,12 @@ class StorageConfig(StrictModel):
         description="Where every dataset (Parquet + manifest) and checkpoint goes: a local folder, or a shared "
         "URI (s3://, gs://, an NFS mount) that every node of a cluster can see.",
     )
+    keep_iterations: int | None = Field(
+        None, ge=1,
+        description="After each finished iteration, delete the datasets of finished iterations older than the newest "
+        "this many, except those a kept dataset was made from or a preference pool still waits for "
+        "(flywheel/retention.py; `flywheel prune` shows what would go). Null keeps everything.",
+    )
 
 
 class TrackingConfig(StrictModel):

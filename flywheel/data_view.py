@@ -149,7 +149,8 @@ def describe(uri: str, top: int = 10, rows: int = 0) -> dict:
             "rows": [brief(json_safe(r)) for r in islice(iter_dataset_rows(uri), rows)] if rows else []}
 
 
-def listing_table(n: int, listed: list[Listed]):
+def listing_table(n: int, listed: list[Listed], pruned: Mapping[str, str] | None = None):
+    """`pruned`: dataset name -> when retention deleted it (flywheel/retention.py)."""
     from rich.table import Table
 
     table = Table(title=f"iteration {n}: datasets (`flywheel data --dataset <name>` shows one)")
@@ -157,7 +158,10 @@ def listing_table(n: int, listed: list[Listed]):
         table.add_column(col, justify="right" if col in ("rows", "quarantined", "MB") else "left")
     for name, uri, m in listed:
         if m is None:
-            table.add_row(name, "", "", "", "", "", "not written", "")
+            pruned = pruned or {}
+            when = pruned.get(name) or next((t for k, t in pruned.items() if k.startswith(f"{name}/")), None)
+            table.add_row(name, "", "", "", "", "", f"pruned {when[:19].replace('T', ' ')}" if when
+                          else "not written", "")
         else:
             table.add_row(name, m.kind, str(m.row_count), str(m.quarantined) if m.quarantined else "",
                           f"{size_bytes(uri, m) / 1e6:.1f}", m.producer, m.created_at[:19].replace("T", " "), uri)

@@ -88,7 +88,16 @@ def with_models(cfg: Config, **refs: str) -> Config:
 def run_iteration(cfg: Config, n: int, tracker: Tracker | None = None) -> IterationResult:
     """Iteration n, resumed where an earlier run of it stopped; one driver per workdir at a time (WorkdirBusy)."""
     with workdir_lock.holding(cfg.run.workdir, f"iteration {n}"):
-        return _run_iteration(cfg, n, tracker)
+        res = _run_iteration(cfg, n, tracker)
+        if cfg.storage.keep_iterations and not res.skipped:
+            from flywheel import retention
+
+            p = retention.prune(cfg)
+            if p.datasets:
+                log.info("retention: %d datasets of iterations %s deleted (%.1f MB; storage.keep_iterations %d); "
+                         "kept whole: %s", p.datasets, sorted(p.pruned), p.bytes / 1e6, p.keep,
+                         ", ".join(f"{k} ({why})" for k, why in p.kept.items()))
+        return res
 
 
 def _run_iteration(cfg: Config, n: int, tracker: Tracker | None) -> IterationResult:

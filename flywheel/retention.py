@@ -1,0 +1,247 @@
+"""Retention: deleting what old iterations keep on storage and nothing reads any more.
+
+A schedule every 6 hours adds four iterations a day, each with its candidates (images), judgments and pairs; on a
+shared store that is what fills it. An old iteration's datasets are read again only where
+- a kept dataset names them upstream (every iteration's gold sets come from iteration 0's prompts);
+- a preference pool still waits for them: a policy's update pools the pairs of the earlier iterations that sampled
+  the same policy, and `preferences.relabel_pool` ranks their samples again (flywheel/preference_pool.py);
+- the iteration is unfinished, and a resume reads them.
+So `plan` keeps whole the newest `keep` finished iterations, every unfinished one and those a pool may read, plus
+every dataset anything kept names upstream, matched by content hash (a store that moved still matches), and
+transitively; the other datasets of finished iterations go, with any attempt that never wrote its manifest.
+What a pruned iteration keeps beside them (its record, stage clock) is what reports, pools and resumes read; its
+`pruned.json` says what went and when. MLflow runs keep their artifacts and registered models their weights:
+neither is here, and neither is touched; nor are training checkpoints (`train.prune_registered`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+
+import pyarrow.fs as pafs
+
+from flywheel import storage, workdir_lock
+from flywheel.config import Config
+from flywheel.datasets import MANIFEST, Manifest, ManifestMismatch, read_manifest
+from flywheel.iteration_record import IterationRecord
+from flywheel.preference_pool import pooled_iterations
+
+log = logging.getLogger(__name__)
+MARKER = "pruned.json"
+ITERATIONS = "iterations"
+NOT_DATASETS = ("checkpoints",)  # beside the datasets under the storage root (flywheel/train/launcher.py)
+POOLED_ROLES = ("policy", "generator")
+
+
+class UnreadableManifest(RuntimeError):
+    """A manifest on storage cannot be read: what it names upstream is unknown, so nothing is pruned."""
+
+
+@dataclass
+class Found:
+    name: str  # under its iteration (curated/sft), or under the storage root for shared ones (gold/id-test/...)
+    uri: str
+    manifest: Manifest | None  # None: an attempt that never wrote its manifest
+
+
+@dataclass
+class Plan:
+    root: str  # the storage root
+    keep: int
+    kept: dict[int, str]  # iteration -> why it is kept whole
+    pruned: dict[int, list[Found]] = field(default_factory=dict)  # iteration -> what goes (may be empty)
+    referenced: dict[str, str] = field(default_factory=dict)  # uri in a pruned iteration -> the kept one naming it
+    sizes: dict[str, int] = field(default_factory=dict)  # uri of what goes -> its bytes
+    when: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
+
+    @property
+    def bytes(self) -> int:
+        return sum(self.sizes.values())
+
+    @property
+    def datasets(self) -> int:
+        return sum(len(v) for v in self.pruned.values())
+
+    def iteration_dir(self, n: int) -> str:
+        return storage.join(self.root, ITERATIONS, f"{n:03d}")
+
+
+def plan(storage_uri: str, keep: int, registry: dict[str, str]) -> Plan:
+    """What `prune` would delete under `storage_uri`, keeping the newest `keep` finished iterations whole.
+    `registry`: role -> its registered model's name (cfg.train.registry), whose gate decisions end a pool."""
+    if keep < 1:
+        raise ValueError(f"keep {keep}: at least the newest finished iteration is kept")
+    dirs = Plan(storage_uri, keep, {}).iteration_dir
+    numbers = sorted(int(d) for d in storage.subdirs(storage.join(storage_uri, ITERATIONS)) if d.isdigit())
+    records = {n: IterationRecord.load(dirs(n)) for n in numbers}
+    finished = [n for n in numbers if records[n] is not None and records[n].finished]
+    kept = {n: "unfinished: a resume reads it" for n in numbers if n not in finished}
+    kept |= {n: f"one of the newest {keep} finished" for n in finished[-keep:]}
+    for n, role in _pooled(records, registry):
+        kept.setdefault(n, f"its pairs wait in the {role}'s preference pool")
+    found = {n: list(_walk(dirs(n), "")) for n in numbers}
+    shared = [f for d in storage.subdirs(storage_uri) if d not in (ITERATIONS, *NOT_DATASETS)
+              for f in _walk(storage.join(storage_uri, d), d)]
+    roots = shared + [f for n in kept for f in found[n]]
+    referenced = _referenced(roots, [f for n in numbers if n not in kept for f in found[n]])
+    out = Plan(storage_uri, keep, dict(sorted(kept.items())), referenced=referenced)
+    for n in finished:
+        if n not in kept:
+            out.pruned[n] = [f for f in found[n] if f.uri not in referenced]
+            out.sizes |= {f.uri: _bytes(f.uri) for f in out.pruned[n]}
+    return out
+
+
+def apply(p: Plan) -> None:
+    """Delete what `p` prunes and note it in each pruned iteration's pruned.json (added to an earlier prune's)."""
+    for n, gone in p.pruned.items():
+        if not gone:
+            continue
+        it_dir = p.iteration_dir(n)
+        for f in gone:
+            storage.remove_dir(f.uri)
+            _remove_empty_parents(it_dir, f.name)
+        marker = storage.join(it_dir, MARKER)
+        before = json.loads(storage.read_bytes(marker)) if storage.exists(marker) else {"datasets": {}}
+        before["datasets"] |= {f.name: {"rows": f.manifest.row_count if f.manifest else None,
+                                        "content_hash": f.manifest.content_hash if f.manifest else None,
+                                        "bytes": p.sizes[f.uri], "pruned_at": p.when} for f in gone}
+        before |= {"pruned_at": p.when, "keep_iterations": p.keep,
+                   "kept": {f.name: by for f in _walk(it_dir, "") if (by := p.referenced.get(f.uri))}}
+        storage.write_bytes(marker, json.dumps(before, indent=1).encode())
+        log.info("retention: iteration %d: %d datasets deleted (%.1f MB)", n, len(gone),
+                 sum(p.sizes[f.uri] for f in gone) / 1e6)
+
+
+def plan_for(cfg: Config, keep: int | None = None) -> Plan:
+    """`plan` for the config's storage, keeping `keep` (default storage.keep_iterations) finished iterations."""
+    keep = keep or cfg.storage.keep_iterations
+    if keep is None:
+        raise ValueError("how many finished iterations to keep: storage.keep_iterations is not set")
+    return plan(cfg.storage.uri, keep, {role: getattr(cfg.train.registry, role) for role in POOLED_ROLES})
+
+
+def prune(cfg: Config, keep: int | None = None) -> Plan:
+    """Plan and apply with `keep` (default storage.keep_iterations), holding the workdir (an iteration's driver
+    would be refused meanwhile), and tag each pruned iteration's MLflow run `flywheel.pruned`, so the run that
+    shows its datasets says they went."""
+    from mlflow import MlflowClient
+
+    with workdir_lock.holding(cfg.run.workdir, "retention"):
+        p = plan_for(cfg, keep)
+        apply(p)
+    client = MlflowClient(tracking_uri=cfg.tracking.uri)
+    for n, gone in p.pruned.items():
+        record = IterationRecord.load(p.iteration_dir(n))
+        if gone and record is not None and record.run_id:
+            try:
+                client.set_tag(record.run_id, "flywheel.pruned", f"{p.when}: {len(gone)} datasets deleted "
+                               f"({sum(p.sizes[f.uri] for f in gone) / 1e6:.1f} MB; storage.keep_iterations "
+                               f"{keep}); `flywheel data --iteration {n}` lists what is left")
+            except Exception as e:  # noqa: BLE001 - a run deleted from MLflow: the data went all the same
+                log.warning("retention: iteration %d's MLflow run %s not tagged: %s", n, record.run_id, e)
+    return p
+
+
+def plan_table(p: Plan):
+    """The plan for people: each iteration kept whole (and why) or pruned (what goes, what stays and why)."""
+    from rich.table import Table
+
+    table = Table(title=f"retention: the newest {p.keep} finished iterations kept whole")
+    for col in ("iteration", "", "MB", "why / what stays"):
+        table.add_column(col, justify="right" if col in ("iteration", "MB") else "left")
+    for n in sorted({*p.kept, *p.pruned}):
+        if n in p.kept:
+            table.add_row(str(n), "kept", "", p.kept[n])
+            continue
+        gone = p.pruned[n]
+        here = p.iteration_dir(n) + "/"
+        stays = [f"{uri[len(here):]} (made into {by.removeprefix(p.root.rstrip('/') + '/')})"
+                 for uri, by in p.referenced.items() if uri.startswith(here)]
+        table.add_row(str(n), f"{len(gone)} datasets go", f"{sum(p.sizes[f.uri] for f in gone) / 1e6:.1f}",
+                      "; ".join(stays))
+    return table
+
+
+def pruned_names(iteration_dir: str) -> dict[str, str]:
+    """Dataset name -> when it was pruned, from the iteration's pruned.json (empty if it never was)."""
+    marker = storage.join(iteration_dir, MARKER)
+    if not storage.exists(marker):
+        return {}
+    raw = json.loads(storage.read_bytes(marker))
+    return {name: d["pruned_at"] for name, d in raw["datasets"].items()}
+
+
+def _pooled(records: dict[int, IterationRecord | None], registry: dict[str, str]) -> Iterator[tuple[int, str]]:
+    """(iteration, role) for the earlier iterations a pool of the newest iteration, or of the next, may read."""
+    started = [n for n, r in records.items() if r is not None]
+    if not started:
+        return
+    newest = max(started)
+    # each unfinished iteration, which pools when resumed, and the next, which starts from the newest's models
+    # unless it promoted one (then its pool is empty whatever the start)
+    pooling = {m: records[m].start for m in started if not records[m].finished} | {newest + 1: records[newest].start}
+    for m, start in pooling.items():
+        for role in POOLED_ROLES:
+            for n in pooled_iterations(records.get, m, role, registry[role], start.get(role, "")):
+                yield n, role
+
+
+def _walk(uri: str, name: str) -> Iterator[Found]:
+    """The datasets at or below `uri`: a folder with a manifest is one; a folder with files and no manifest is an
+    attempt that never finished; any other folder is walked into."""
+    if storage.exists(storage.join(uri, MANIFEST)):
+        try:
+            yield Found(name, uri, read_manifest(uri))
+        except ManifestMismatch as e:
+            raise UnreadableManifest(f"{uri}: {e}; fix or delete it before pruning") from e
+        return
+    fs, path = storage.resolve(uri)
+    entries = fs.get_file_info(pafs.FileSelector(path, allow_not_found=True))
+    if name and any(e.type == pafs.FileType.File for e in entries):
+        yield Found(name, uri, None)
+        return
+    for e in sorted(entries, key=lambda e: e.base_name):
+        if e.type == pafs.FileType.Directory:
+            yield from _walk(storage.join(uri, e.base_name), f"{name}/{e.base_name}" if name else e.base_name)
+
+
+def _referenced(roots: list[Found], candidates: list[Found]) -> dict[str, str]:
+    """uri -> the kept dataset naming it upstream (directly or through others), for the candidates any root
+    names; matched by content hash."""
+    by_hash: dict[str, list[Found]] = {}
+    for f in candidates:
+        if f.manifest is not None:
+            by_hash.setdefault(f.manifest.content_hash, []).append(f)
+    out: dict[str, str] = {}
+    todo = [(f, f.uri) for f in roots if f.manifest is not None]
+    while todo:
+        f, root = todo.pop()
+        for up in f.manifest.upstream:
+            for g in by_hash.get(up.content_hash, []):
+                if g.uri not in out:
+                    out[g.uri] = root
+                    todo.append((g, root))
+    return out
+
+
+def _bytes(uri: str) -> int:
+    fs, path = storage.resolve(uri)
+    infos = fs.get_file_info(pafs.FileSelector(path, recursive=True, allow_not_found=True))
+    return sum(max(i.size or 0, 0) for i in infos if i.type == pafs.FileType.File)
+
+
+def _remove_empty_parents(it_dir: str, name: str) -> None:
+    """After curated/sft went, curated/ too if nothing is left in it."""
+    parts = name.split("/")[:-1]
+    while parts:
+        d = storage.join(it_dir, *parts)
+        fs, path = storage.resolve(d)
+        if fs.get_file_info(pafs.FileSelector(path, allow_not_found=True)):
+            return
+        storage.remove_dir(d)
+        parts.pop()

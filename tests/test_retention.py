@@ -1,0 +1,160 @@
+"""Retention: old finished iterations' datasets go, unless something kept was made from them, a preference pool
+waits for them or the iteration may be resumed (flywheel/retention.py, `flywheel prune`, storage.keep_iterations).
+Datasets, records and MLflow runs are real; no Ray, no stage."""
+
+import json
+
+import pytest
+from mlflow import MlflowClient
+from typer.testing import CliRunner
+
+import flywheel.iteration as iteration
+from flywheel import retention, storage
+from flywheel.cli import app
+from flywheel.config import load_config
+from flywheel.datasets import UpstreamRef, read_dataset, read_manifest
+from flywheel.iteration import IterationResult, iteration_dir, paths, run_iteration
+from flywheel.iteration_record import IterationRecord
+from flywheel.records import write_dataset
+from flywheel.track import Tracker
+
+POLICY = "models:/policy-llava/1"
+
+
+def _prompt(n: int, i: int) -> dict:
+    return {"task": "iu", "subtask": "iu_color", "query": f"iteration {n}: what colour is shape {i}?", "images": [],
+            "reference_images": [], "aspects": ["color_accuracy"], "source": "test", "split": "train"}
+
+
+def _iteration(cfg, n: int, *, policy=POLICY, decisions=(), finished=True, run_id=None) -> dict[str, str]:
+    """Iteration n's record and three datasets, each made from the one before: prompts -> curated/sft ->
+    pref-curated/pairs (prompt rows all, so they are quick to write; retention reads only manifests)."""
+    p = paths(cfg, n)
+    up = []
+    for name in ("prompts", "curated/sft", "pref-curated/pairs"):
+        head, _, rest = name.partition("/")
+        uri = storage.join(p[head], rest)
+        up = [write_dataset(uri, "prompt", [_prompt(n, i) for i in range(3 + len(up))], config_hash="c",
+                            producer=head, upstream=up)]
+    IterationRecord(n, "h", {"judge": "models:/judge/1", "policy": policy, "generator": "world:generator"},
+                    run_id=run_id, finished=finished,
+                    decisions=[{"model": m} for m in ("judge", "policy-sdxl", *decisions)]).save(iteration_dir(cfg, n))
+    return p
+
+
+@pytest.fixture
+def store(tmp_path):
+    """Iterations 0-5 and the gold sets. 0-4 finished: 2 tried a LLaVA update (its pool ended there), 3 and 4 did
+    not and 5 (unfinished) started from the same LLaVA, so their pairs wait in its pool. The gold sets come from
+    iteration 0's prompts, named by a path the store no longer has (it moved): only their content hash matches.
+    Iteration 4's pooled pairs were made from iteration 1's pairs. Iteration 2 holds an attempt that never wrote
+    its manifest."""
+    cfg = load_config(None, [f"run.workdir={tmp_path}/wd"])
+    tracker = Tracker(cfg)
+    runs = {}
+    for n in range(6):
+        with tracker.iteration(n) as run:
+            runs[n] = run.info.run_id
+        _iteration(cfg, n, decisions=("policy-llava",) if n == 2 else (), finished=n < 5, run_id=runs[n])
+    first = read_manifest(paths(cfg, 0)["prompts"])
+    moved = UpstreamRef(path="s3://old-bucket/iterations/000/prompts", content_hash=first.content_hash)
+    write_dataset(storage.join(paths(cfg, 0)["gold"], "id-test/prompts"), "prompt", [_prompt(0, 0)],
+                  config_hash="g", producer="gold", upstream=[moved])
+    pairs = read_manifest(storage.join(paths(cfg, 1)["pref-curated"], "pairs"))
+    write_dataset(storage.join(paths(cfg, 4)["pref-pool"], "pairs"), "prompt", [_prompt(4, 9)], config_hash="p",
+                  producer="pool-preferences", upstream=[pairs])
+    dead = storage.join(paths(cfg, 2)["candidates"])
+    storage.write_bytes(storage.join(dead, "part-00000.parquet"), b"half a part")
+    storage.write_bytes(storage.join(dead, "_batches", "00000.json"), b"{}")
+    return cfg, runs
+
+
+def _exists(cfg, n: int, name: str) -> bool:
+    head, _, rest = name.partition("/")
+    return storage.exists(storage.join(paths(cfg, n)[head], rest, "manifest.json"))
+
+
+def test_old_iterations_lose_only_what_nothing_kept_reads(store):
+    cfg, runs = store
+    plan = retention.plan_for(cfg, 1)
+    assert plan.kept == {3: "its pairs wait in the policy's preference pool", 4: "one of the newest 1 finished",
+                         5: "unfinished: a resume reads it"}
+    going = {n: sorted(f.name for f in fs) for n, fs in plan.pruned.items()}
+    assert going == {0: ["curated/sft", "pref-curated/pairs"],  # its prompts made the gold sets
+                     1: [],  # its pairs were pooled into iteration 4's, and were made from the rest
+                     2: ["candidates", "curated/sft", "pref-curated/pairs", "prompts"]}
+    assert plan.sizes[storage.join(paths(cfg, 2)["candidates"])] == len(b"half a part") + 2
+    assert all(_exists(cfg, 2, name) for name in ("prompts", "curated/sft"))  # planning deletes nothing
+
+    retention.apply(plan)
+    for n in range(6):
+        for name in ("prompts", "curated/sft", "pref-curated/pairs"):
+            assert _exists(cfg, n, name) == (name not in going.get(n, [])), (n, name)
+    it2 = iteration_dir(cfg, 2)
+    assert storage.subdirs(it2) == []  # the dead attempt and the emptied curated/, pref-curated/ went too
+    assert IterationRecord.load(it2).finished  # the record stays: pools and reports read it
+    marker = json.loads(storage.read_bytes(storage.join(it2, retention.MARKER)))
+    assert marker["datasets"]["prompts"]["rows"] == 3 and marker["keep_iterations"] == 1
+    assert marker["datasets"]["candidates"]["rows"] is None  # never finished: no rows to name
+    kept = json.loads(storage.read_bytes(storage.join(iteration_dir(cfg, 0), retention.MARKER)))["kept"]
+    assert kept == {"prompts": storage.join(paths(cfg, 0)["gold"], "id-test/prompts")}
+    assert not storage.exists(storage.join(iteration_dir(cfg, 1), retention.MARKER))  # nothing went there
+    gold, _ = read_dataset(storage.join(paths(cfg, 0)["gold"], "id-test/prompts"))  # still verifies
+    assert gold.num_rows == 1 and read_dataset(paths(cfg, 0)["prompts"])[0].num_rows == 3
+    assert retention.plan_for(cfg, 1).datasets == 0  # nothing left to prune: a second run deletes nothing
+
+
+def test_a_pool_that_an_update_consumed_frees_its_iterations(store):
+    cfg, _ = store
+    _iteration(cfg, 5, decisions=("policy-llava",))  # iteration 5 finished and tried its update
+    plan = retention.plan_for(cfg, 1)
+    assert plan.kept == {5: "one of the newest 1 finished"}
+    assert sorted(plan.pruned) == [0, 1, 2, 3, 4]
+    assert sorted(f.name for f in plan.pruned[4]) == ["curated/sft", "pref-curated/pairs", "pref-pool/pairs",
+                                                      "prompts"]
+    assert plan.pruned[1] != []  # iteration 4's pool went, so nothing reads iteration 1's pairs any more
+
+
+def test_an_unreadable_manifest_stops_the_prune_before_anything_goes(store):
+    cfg, _ = store
+    storage.write_bytes(storage.join(paths(cfg, 4)["prompts"], "manifest.json"), b"{not json")
+    with pytest.raises(retention.UnreadableManifest, match=r"iterations/004/prompts"):
+        retention.prune(cfg, 1)
+    assert _exists(cfg, 2, "prompts")
+
+
+def test_prune_command_shows_the_plan_then_deletes_and_data_and_mlflow_say_so(store):
+    cfg, runs = store
+    over = [f"run.workdir={cfg.run.workdir}"]
+    r = CliRunner().invoke(app, ["prune", *over])
+    assert r.exit_code == 2 and "--keep N" in r.output
+    r = CliRunner().invoke(app, ["prune", "--keep", "1", *over])
+    assert r.exit_code == 0, r.output
+    assert "6 datasets" in r.output and "would be deleted (--yes deletes them)" in r.output
+    assert "pool" in r.output and "prompts (made into gold/id-test/prompts)" in r.output
+    assert _exists(cfg, 2, "prompts")
+    r = CliRunner().invoke(app, ["prune", "--keep", "1", "--yes", *over])
+    assert r.exit_code == 0 and "6 datasets" in r.output and " deleted;" in r.output, r.output
+    assert not _exists(cfg, 2, "prompts")
+    r = CliRunner().invoke(app, ["data", "--iteration", "2", *over], terminal_width=250)
+    assert r.exit_code == 0 and r.output.count("pruned 20") >= 4, r.output  # prompts, candidates, curated, pref-cur.
+    tags = MlflowClient(cfg.tracking.uri).get_run(runs[2]).data.tags
+    assert "4 datasets deleted" in tags["flywheel.pruned"] and "keep_iterations 1" in tags["flywheel.pruned"]
+    assert "flywheel.pruned" not in MlflowClient(cfg.tracking.uri).get_run(runs[4]).data.tags
+
+
+def test_an_iteration_that_finishes_prunes_with_storage_keep_iterations(store, monkeypatch):
+    cfg, _ = store
+    cfg = cfg.model_copy(update={"storage": cfg.storage.model_copy(update={"keep_iterations": 2})})
+
+    def finish(c, n, tracker):  # stands in for the stages (tested apart): iteration 5 finishes, its update tried
+        _iteration(c, n, decisions=("policy-llava",))
+        return IterationResult(n, "r")
+
+    monkeypatch.setattr(iteration, "_run_iteration", finish)
+    run_iteration(cfg, 5)
+    assert not _exists(cfg, 3, "prompts") and _exists(cfg, 4, "prompts") and _exists(cfg, 5, "prompts")
+    monkeypatch.setattr(iteration, "_run_iteration", lambda c, n, t: IterationResult(n, "r", skipped=True))
+    storage.write_bytes(storage.join(paths(cfg, 3)["prompts"], "x"), b"")  # a skipped iteration prunes nothing
+    run_iteration(cfg, 5)
+    assert storage.exists(storage.join(paths(cfg, 3)["prompts"], "x"))
