@@ -31,6 +31,7 @@ from flywheel.train.worker import ERROR_KEY, EXPORT_DIR, FINAL_MARKER, TrainJob
 
 log = logging.getLogger(__name__)
 JOURNAL = "journal.jsonl"
+START_TIMEOUT = "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"
 
 
 def checkpoint_root(cfg: Config) -> str:
@@ -130,7 +131,36 @@ def ray_train_env(cfg: Config) -> dict[str, str]:
     env = {"RAY_TRAIN_ENABLE_PRINT_PATCH": "0"}
     if cfg.ray.train_poll_interval_s is not None:
         env["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"] = str(cfg.ray.train_poll_interval_s)
+    if cfg.ray.wait_for_actors_s is not None:  # how long one attempt waits for the worker group's placement group
+        env[START_TIMEOUT] = str(cfg.ray.wait_for_actors_s)
     return env
+
+
+def failure_config(cfg: Config, max_failures: int):
+    """Ray Train retries a worker group that did not start (its placement group not ready within
+    RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S, 60 s by default) without limit: on a fixed cluster that no node group
+    fits, for ever. With ray.wait_for_actors_s those retries share the worker restarts' budget."""
+    from ray.train import FailureConfig
+
+    bounded = cfg.ray.wait_for_actors_s is not None
+    return FailureConfig(max_failures=max_failures, controller_failure_limit=max_failures if bounded else -1)
+
+
+def did_not_start(cfg: Config, failure: Exception, max_failures: int) -> Exception | None:
+    """ActorsDidNotStart for a fit() that gave up on starting its worker group (None for any other failure)."""
+    from ray.train.v2._internal.exceptions import WorkerGroupStartupTimeoutError
+    from ray.train.v2.api.exceptions import ControllerError
+
+    from flywheel.raycluster import ActorsDidNotStart, actor_ask, ask_text
+
+    if not (isinstance(failure, ControllerError)
+            and isinstance(failure.controller_failure, WorkerGroupStartupTimeoutError)):
+        return None
+    res = cfg.resources.train
+    attempts = "" if max_failures < 1 else f", {max_failures + 1} times"
+    return ActorsDidNotStart(f"training workers: {res.actors} workers, each with {ask_text(actor_ask(res))}, did not "
+                             f"find room together within {cfg.ray.wait_for_actors_s:g} s{attempts} "
+                             "(ray.wait_for_actors_s; train.<training>.max_failures)")
 
 
 @contextmanager
@@ -195,7 +225,7 @@ class LaunchResult:
 
 def launch(cfg: Config, job: TrainJob, run_name: str, local_dir: str) -> LaunchResult:
     """Run one training through Ray Train and return its final checkpoint (downloaded to local_dir)."""
-    from ray.train import CheckpointConfig, FailureConfig, RunConfig
+    from ray.train import CheckpointConfig, RunConfig
     from ray.train.torch import TorchTrainer
 
     from flywheel.raycluster import init_ray, warn_if_no_node_fits
@@ -212,7 +242,7 @@ def launch(cfg: Config, job: TrainJob, run_name: str, local_dir: str) -> LaunchR
         run_config=RunConfig(
             name=run_name,
             storage_path=checkpoint_root(cfg),
-            failure_config=FailureConfig(max_failures=s.max_failures),
+            failure_config=failure_config(cfg, s.max_failures),
             # +1: the final export is a checkpoint too and must not push out the last resumable one
             checkpoint_config=CheckpointConfig(num_to_keep=s.keep_checkpoints + 1),
             callbacks=[_journal_callback(storage.join(run_dir(cfg, run_name), JOURNAL))],
@@ -238,7 +268,7 @@ def launch(cfg: Config, job: TrainJob, run_name: str, local_dir: str) -> LaunchR
     if failure is not None:
         finals = [e for e in entries if e.get("final") and e.get("checkpoint")]
         if not finals:
-            raise failure
+            raise did_not_start(cfg, failure, s.max_failures) or failure
         from ray.train import Checkpoint
 
         log.warning("Ray Train reported %s after the run's final checkpoint was committed; using that checkpoint",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 
+import pytest
 from ray.train.v2._internal.constants import get_env_vars_to_propagate
 
 from flywheel.config import REPO_ROOT, load_config
@@ -45,8 +46,6 @@ def test_workers_no_node_fits_fail_after_the_configured_wait(ray_local):
     """This box has no GPU: the probe that picks the GPU workers' backend asks a GPU node, which never comes."""
     import time
 
-    import pytest
-
     from flywheel.config import StageResources
     from flywheel.raycluster import ActorsDidNotStart
     from flywheel.train.launcher import torch_config
@@ -56,3 +55,24 @@ def test_workers_no_node_fits_fail_after_the_configured_wait(ray_local):
         torch_config(StageResources(num_gpus=1), wait_s=2)
     assert time.monotonic() - t0 < 30
     assert torch_config(StageResources(), wait_s=2).backend is None  # CPU workers: no probe, Ray Train decides
+
+
+@pytest.mark.timeout(120)  # unbounded, Ray Train retries the placement for ever
+def test_a_worker_group_no_cluster_fits_fails_after_the_configured_wait(ray_local, tmp_path):
+    """Three 1-CPU workers on this 2-CPU Ray: each fits a node, the group never does. Ray Train would retry the
+    placement for ever; with ray.wait_for_actors_s each attempt waits that long, within the run's retry budget."""
+    import time
+
+    from flywheel.raycluster import ActorsDidNotStart
+    from flywheel.train.launcher import launch
+    from flywheel.train.worker import TrainJob
+
+    cfg = load_config(LOCAL, [f"run.workdir={tmp_path}", "ray.wait_for_actors_s=2", "resources.train.actors=3",
+                              "resources.train.num_cpus=1", "train.max_failures=1"])
+    job = TrainJob(training="judge_sft", config=cfg.model_dump(mode="json"), data="never-read", base="zoo:judge",
+                   run_key="k")
+    t0 = time.monotonic()
+    with pytest.raises(ActorsDidNotStart, match=r"3 workers, each with CPU 1, did not find room together within 2 s, "
+                                                r"2 times"):
+        launch(cfg, job, "never-starts", str(tmp_path / "local"))
+    assert time.monotonic() - t0 < 60
