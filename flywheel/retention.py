@@ -102,9 +102,6 @@ def apply(p: Plan) -> None:
         if not gone:
             continue
         it_dir = p.iteration_dir(n)
-        for f in gone:
-            storage.remove_dir(f.uri)
-            _remove_empty_parents(it_dir, f.name)
         marker = storage.join(it_dir, MARKER)
         before = json.loads(storage.read_bytes(marker)) if storage.exists(marker) else {"datasets": {}}
         before["datasets"] |= {f.name: {"rows": f.manifest.row_count if f.manifest else None,
@@ -112,7 +109,10 @@ def apply(p: Plan) -> None:
                                         "bytes": p.sizes[f.uri], "pruned_at": p.when} for f in gone}
         before |= {"pruned_at": p.when, "keep_iterations": p.keep,
                    "kept": {f.name: by for f in _walk(it_dir, "") if (by := p.referenced.get(f.uri))}}
-        storage.write_bytes(marker, json.dumps(before, indent=1).encode())
+        storage.write_bytes(marker, json.dumps(before, indent=1).encode())  # first: a prune killed midway is named
+        for f in gone:
+            storage.remove_dir(f.uri)
+            _remove_empty_parents(it_dir, f.name)
         log.info("retention: iteration %d: %d datasets deleted (%.1f MB)", n, len(gone),
                  sum(p.sizes[f.uri] for f in gone) / 1e6)
 
@@ -138,10 +138,11 @@ def prune(cfg: Config, keep: int | None = None) -> Plan:
     for n, gone in p.pruned.items():
         record = IterationRecord.load(p.iteration_dir(n))
         if gone and record is not None and record.run_id:
-            try:
-                client.set_tag(record.run_id, "flywheel.pruned", f"{p.when}: {len(gone)} datasets deleted "
-                               f"({sum(p.sizes[f.uri] for f in gone) / 1e6:.1f} MB; storage.keep_iterations "
-                               f"{keep}); `flywheel data --iteration {n}` lists what is left")
+            went = json.loads(storage.read_bytes(storage.join(p.iteration_dir(n), MARKER)))["datasets"]
+            try:  # what went in every prune so far, as pruned.json has it
+                client.set_tag(record.run_id, "flywheel.pruned", f"{p.when}: {len(went)} datasets deleted "
+                               f"({sum(d['bytes'] for d in went.values()) / 1e6:.1f} MB; storage.keep_iterations "
+                               f"{p.keep}); `flywheel data --iteration {n}` lists what is left")
             except Exception as e:  # noqa: BLE001 - a run deleted from MLflow: the data went all the same
                 log.warning("retention: iteration %d's MLflow run %s not tagged: %s", n, record.run_id, e)
     return p
