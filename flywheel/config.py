@@ -52,8 +52,9 @@ class RayConfig(StrictModel):
         "down. null keeps Ray's default (2 s).",
     )
     wait_for_actors_s: float | None = Field(
-        None, gt=0, description="How long a stage's actor pool (Ray Data), a GPU training's first worker, or a "
-        "training's worker group (each of its 1 + train.max_failures attempts) may wait for room to start; past it "
+        None, gt=0, description="How long a stage's actor pool (Ray Data), a GPU training's first worker, a "
+        "training's worker group (each of its 1 + train.max_failures attempts) or the judge app's replicas (Serve) "
+        "may wait for room to start (actors and replicas: until they are up, their model loaded); past it "
         "the stage fails (ActorsDidNotStart), naming what each asks. null waits for ever, as under an autoscaler "
         "that adds the nodes; on a fixed cluster with no room, that is a hang (each stage and training warns at its "
         "start when no live node fits one).",

@@ -344,7 +344,7 @@ def deploy(cfg: Config) -> Deployed:
     warn_if_no_node_fits("serve: each replica", cfg.resources.serve, "resources.serve")
     serve.start(http_options={"host": s.host, "port": s.port})
     port = _proxy_port(s.port)
-    serve.run(build_app(cfg, served), name=s.app_name, route_prefix=s.route_prefix)
+    _run_app(cfg, build_app(cfg, served))
     prefix = "" if s.route_prefix == "/" else s.route_prefix.rstrip("/")
     # Bound to every interface: the URL names this node's address, not 127.0.0.1, because the URL is handed to
     # Ray actors (the preference labels' http engine) that may run on other nodes. This driver's node runs a
@@ -352,6 +352,33 @@ def deploy(cfg: Config) -> Deployed:
     host = ray.util.get_node_ip_address() if s.host in ("0.0.0.0", "::") else s.host
     log.info("serve: %s at http://%s:%d%s", served.version, host, port, prefix)
     return Deployed(url=f"http://{host}:{port}{prefix}", served=served, app_name=s.app_name)
+
+
+def _run_app(cfg: Config, app) -> None:
+    """serve.run, which waits for every replica to be up for ever: on a fixed cluster with no node for one, a hang.
+    With ray.wait_for_actors_s the app is deployed without that wait (Serve's own `_run`, which serve.run calls
+    with `_blocking=True`; no public call deploys without waiting) and waited for here at most that long (a
+    replica loading its model counts, as a Ray Data actor's does); past it the app is deleted and
+    ActorsDidNotStart names the ask and what Serve said."""
+    from flywheel.raycluster import ActorsDidNotStart, actor_ask, ask_text
+
+    s, wait = cfg.serve, cfg.ray.wait_for_actors_s
+    if wait is None:
+        serve.run(app, name=s.app_name, route_prefix=s.route_prefix)
+        return
+    serve._run(app, _blocking=False, name=s.app_name, route_prefix=s.route_prefix)
+    deadline = time.monotonic() + wait
+    while (st := serve.status().applications.get(s.app_name)) is None or st.status != "RUNNING":
+        said = "; ".join(filter(None, [st and st.message] + [d.message for d in (st.deployments if st else {})
+                                                             .values()]))
+        if st is not None and st.status == "DEPLOY_FAILED":
+            raise RuntimeError(f"serve: app {s.app_name} failed to deploy: {said}")
+        if time.monotonic() > deadline:
+            serve.delete(s.app_name)
+            raise ActorsDidNotStart(f"serve: the replicas of {s.app_name}, each with "
+                                    f"{ask_text(actor_ask(cfg.resources.serve))}, were not up within {wait:g} s "
+                                    f"(ray.wait_for_actors_s){': ' + said if said else ''}")
+        time.sleep(0.5)
 
 
 def _proxy_port(asked: int) -> int:

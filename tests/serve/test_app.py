@@ -329,6 +329,31 @@ def test_a_second_app_is_reached_on_the_port_serve_already_runs(app):
         serve.delete(d.app_name)
 
 
+@pytest.mark.timeout(180)  # unbounded, serve.run waits for the replica for ever
+def test_replicas_no_node_fits_fail_after_the_configured_wait_and_the_app_goes(app, caplog):
+    """This box has no GPU: a replica asking one is never placed. The deploy warns at once, gives up after
+    ray.wait_for_actors_s and deletes the app it started."""
+    from ray import serve
+
+    from flywheel.raycluster import ActorsDidNotStart
+    from flywheel.serve.app import deploy
+
+    other = app.cfg.model_copy(update={
+        "serve": app.cfg.serve.model_copy(update={"app_name": "judge-test-gpu", "route_prefix": "/gpu"}),
+        "resources": app.cfg.resources.model_copy(update={"serve": app.cfg.resources.serve.model_copy(update={
+            "num_gpus": 1})}),
+        "ray": app.cfg.ray.model_copy(update={"wait_for_actors_s": 4})})
+    t0 = time.monotonic()
+    with caplog.at_level("WARNING"), pytest.raises(
+            ActorsDidNotStart, match=r"serve: the replicas of judge-test-gpu, each with CPU 1, GPU 1, were not up "
+                                     r"within 4 s \(ray.wait_for_actors_s\)"):
+        deploy(other)
+    assert time.monotonic() - t0 < 60
+    assert "serve: each replica asks CPU 1, GPU 1 and no live node has that" in caplog.text
+    assert "judge-test-gpu" not in serve.status().applications
+    assert requests.get(app.url + "/healthz", timeout=30).ok  # the app that fits is untouched
+
+
 def test_apps_left_by_gone_drivers_are_deleted_and_live_ones_kept(app):
     """flywheel/serve/orphans.py: an app matching the pattern without a live owner is deleted; one whose owner
     lives (this driver's) and an app outside the pattern (a user's judge) are kept. An owner that died is started
