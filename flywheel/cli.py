@@ -290,8 +290,13 @@ def _show_data(cfg, iteration: int | None, dataset: str | None, top: int, rows: 
     try:
         shown = data_view.describe(uri, top, rows)
     except MissingManifest as e:
-        known = f" (names: {', '.join(names)})" if names else ""
-        error(console, f"--dataset {dataset}: {e}{known}")
+        if n is not None and (when := retention.pruned_names(iteration_dir(cfg, n)).get(dataset)):
+            error(console, f"--dataset {dataset}: iteration {n}'s was deleted by retention at {when} "
+                           f"(storage.keep_iterations, flywheel prune); {iteration_dir(cfg, n)}/{retention.MARKER} "
+                           "has its rows and content hash")
+        else:
+            known = f" (names: {', '.join(names)})" if names else ""
+            error(console, f"--dataset {dataset}: {e}{known}")
         raise typer.Exit(2) from None
     if as_json:
         typer.echo(json.dumps(shown, indent=1))

@@ -138,6 +138,8 @@ def test_prune_command_shows_the_plan_then_deletes_and_data_and_mlflow_say_so(st
     assert not _exists(cfg, 2, "prompts")
     r = CliRunner().invoke(app, ["data", "--iteration", "2", *over], terminal_width=250)
     assert r.exit_code == 0 and r.output.count("pruned 20") >= 4, r.output  # prompts, candidates, curated, pref-cur.
+    r = CliRunner().invoke(app, ["data", "--iteration", "2", "--dataset", "curated/sft", *over], terminal_width=250)
+    assert r.exit_code == 2 and "iteration 2's was deleted by retention at 20" in r.output, r.output
     tags = MlflowClient(cfg.tracking.uri).get_run(runs[2]).data.tags
     assert "4 datasets deleted" in tags["flywheel.pruned"] and "keep_iterations 1" in tags["flywheel.pruned"]
     assert "flywheel.pruned" not in MlflowClient(cfg.tracking.uri).get_run(runs[4]).data.tags
