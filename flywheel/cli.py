@@ -327,7 +327,8 @@ def prune(config: ConfigOpt = Path("configs/local.yaml"), overrides: Overrides =
         raise typer.Exit(2) from None
     console.print(retention.plan_table(p))
     verb = "deleted" if yes else "would be deleted (--yes deletes them)"
-    console.print(f"{p.datasets} datasets, {p.bytes / 1e6:.1f} MB {verb}; iterations kept whole: "
+    console.print(f"{p.datasets} datasets and {p.checkpoint_runs} training checkpoint runs, {p.bytes / 1e6:.1f} MB "
+                  f"{verb}; iterations kept whole: "
                   f"{', '.join(map(str, p.kept)) or 'none'}")
 
 

@@ -93,9 +93,10 @@ def run_iteration(cfg: Config, n: int, tracker: Tracker | None = None) -> Iterat
             from flywheel import retention
 
             p = retention.prune(cfg)
-            if p.datasets:
-                log.info("retention: %d datasets of iterations %s deleted (%.1f MB; storage.keep_iterations %d); "
-                         "kept whole: %s", p.datasets, sorted(p.pruned), p.bytes / 1e6, p.keep,
+            if p.datasets or p.checkpoint_runs:
+                log.info("retention: %d datasets and %d training checkpoint runs of iterations %s deleted (%.1f MB; "
+                         "storage.keep_iterations %d); kept whole: %s", p.datasets, p.checkpoint_runs,
+                         sorted(p.pruned), p.bytes / 1e6, p.keep,
                          ", ".join(f"{k} ({why})" for k, why in p.kept.items()))
         return res
 

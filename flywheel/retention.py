@@ -29,6 +29,7 @@ from flywheel.config import Config
 from flywheel.datasets import MANIFEST, Manifest, ManifestMismatch, read_manifest
 from flywheel.iteration_record import IterationRecord
 from flywheel.preference_pool import pooled_iterations
+from flywheel.train.launcher import run_dir
 
 log = logging.getLogger(__name__)
 MARKER = "pruned.json"
@@ -55,6 +56,8 @@ class Plan:
     kept: dict[int, str]  # iteration -> why it is kept whole
     pruned: dict[int, list[Found]] = field(default_factory=dict)  # iteration -> what goes (may be empty)
     referenced: dict[str, str] = field(default_factory=dict)  # uri in a pruned iteration -> the kept one naming it
+    # iteration -> the Ray Train run folders (checkpoints) of its registered trainings that go (plan_for)
+    runs: dict[int, list[str]] = field(default_factory=dict)
     sizes: dict[str, int] = field(default_factory=dict)  # uri of what goes -> its bytes
     when: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
 
@@ -65,6 +68,10 @@ class Plan:
     @property
     def datasets(self) -> int:
         return sum(len(v) for v in self.pruned.values())
+
+    @property
+    def checkpoint_runs(self) -> int:
+        return sum(len(v) for v in self.runs.values())
 
     def iteration_dir(self, n: int) -> str:
         return storage.join(self.root, ITERATIONS, f"{n:03d}")
@@ -99,7 +106,8 @@ def plan(storage_uri: str, keep: int, registry: dict[str, str]) -> Plan:
 def apply(p: Plan) -> None:
     """Delete what `p` prunes and note it in each pruned iteration's pruned.json (added to an earlier prune's)."""
     for n, gone in p.pruned.items():
-        if not gone:
+        runs = p.runs.get(n, [])
+        if not gone and not runs:
             continue
         it_dir = p.iteration_dir(n)
         marker = storage.join(it_dir, MARKER)
@@ -107,22 +115,54 @@ def apply(p: Plan) -> None:
         before["datasets"] |= {f.name: {"rows": f.manifest.row_count if f.manifest else None,
                                         "content_hash": f.manifest.content_hash if f.manifest else None,
                                         "bytes": p.sizes[f.uri], "pruned_at": p.when} for f in gone}
+        before["checkpoints"] = before.get("checkpoints", {}) | {
+            storage.name(uri): {"uri": uri, "bytes": p.sizes[uri], "pruned_at": p.when} for uri in runs}
         before |= {"pruned_at": p.when, "keep_iterations": p.keep,
                    "kept": {f.name: by for f in _walk(it_dir, "") if (by := p.referenced.get(f.uri))}}
         storage.write_bytes(marker, json.dumps(before, indent=1).encode())  # first: a prune killed midway is named
         for f in gone:
             storage.remove_dir(f.uri)
             _remove_empty_parents(it_dir, f.name)
-        log.info("retention: iteration %d: %d datasets deleted (%.1f MB)", n, len(gone),
-                 sum(p.sizes[f.uri] for f in gone) / 1e6)
+        for uri in runs:
+            storage.remove_dir(uri)
+        log.info("retention: iteration %d: %d datasets and %d training checkpoint runs deleted (%.1f MB)", n,
+                 len(gone), len(runs), sum(p.sizes[u] for u in [*(f.uri for f in gone), *runs]) / 1e6)
 
 
 def plan_for(cfg: Config, keep: int | None = None) -> Plan:
-    """`plan` for the config's storage, keeping `keep` (default storage.keep_iterations) finished iterations."""
+    """`plan` for the config's storage, keeping `keep` (default storage.keep_iterations) finished iterations, and
+    the checkpoints of the trainings that pruned iterations registered: a registered version's weights are in
+    MLflow (an identical training reuses it), so its Ray Train run's final checkpoint (train.prune_registered
+    keeps it) is a second copy - of a whole SDXL UNet, say. A run a kept iteration also names stays."""
     keep = keep or cfg.storage.keep_iterations
     if keep is None:
         raise ValueError("how many finished iterations to keep: storage.keep_iterations is not set")
-    return plan(cfg.storage.uri, keep, {role: getattr(cfg.train.registry, role) for role in POOLED_ROLES})
+    p = plan(cfg.storage.uri, keep, {role: getattr(cfg.train.registry, role) for role in POOLED_ROLES})
+    trained = {n: _trainings(cfg, n, p) for n in {*p.kept, *p.pruned}}
+    in_use = {name for n in p.kept for name in trained[n]}
+    for n in p.pruned:
+        gone = [run_dir(cfg, name) for name, registered in sorted(trained[n].items())
+                if registered and name not in in_use and storage.exists(run_dir(cfg, name))]
+        p.runs[n] = gone
+        p.sizes |= {uri: _bytes(uri) for uri in gone}
+    return p
+
+
+def _trainings(cfg: Config, n: int, p: Plan) -> dict[str, bool]:
+    """The Ray Train runs iteration n's training stages ran (or reused), each with whether it was registered."""
+    from mlflow import MlflowClient
+
+    record = IterationRecord.load(p.iteration_dir(n))
+    if record is None or not record.run_id:
+        return {}
+    client = MlflowClient(tracking_uri=cfg.tracking.uri)
+    try:
+        exp = client.get_run(record.run_id).info.experiment_id
+    except Exception:  # noqa: BLE001 - the run was deleted from MLflow: its trainings are unknown, none is touched
+        return {}
+    stages = client.search_runs([exp], f"tags.mlflow.parentRunId = '{record.run_id}'", max_results=1000)
+    return {r.data.tags["flywheel.ray_train_run"]: "flywheel.model_version" in r.data.tags for r in stages
+            if "flywheel.ray_train_run" in r.data.tags}
 
 
 def prune(cfg: Config, keep: int | None = None) -> Plan:
@@ -137,12 +177,14 @@ def prune(cfg: Config, keep: int | None = None) -> Plan:
     client = MlflowClient(tracking_uri=cfg.tracking.uri)
     for n, gone in p.pruned.items():
         record = IterationRecord.load(p.iteration_dir(n))
-        if gone and record is not None and record.run_id:
-            went = json.loads(storage.read_bytes(storage.join(p.iteration_dir(n), MARKER)))["datasets"]
+        if (gone or p.runs.get(n)) and record is not None and record.run_id:
+            went = json.loads(storage.read_bytes(storage.join(p.iteration_dir(n), MARKER)))
+            mb = sum(d["bytes"] for part in ("datasets", "checkpoints") for d in went.get(part, {}).values()) / 1e6
             try:  # what went in every prune so far, as pruned.json has it
-                client.set_tag(record.run_id, "flywheel.pruned", f"{p.when}: {len(went)} datasets deleted "
-                               f"({sum(d['bytes'] for d in went.values()) / 1e6:.1f} MB; storage.keep_iterations "
-                               f"{p.keep}); `flywheel data --iteration {n}` lists what is left")
+                client.set_tag(record.run_id, "flywheel.pruned", f"{p.when}: {len(went['datasets'])} datasets and "
+                               f"{len(went.get('checkpoints', {}))} training checkpoint runs deleted ({mb:.1f} MB; "
+                               f"storage.keep_iterations {p.keep}); `flywheel data --iteration {n}` lists what is "
+                               "left")
             except Exception as e:  # noqa: BLE001 - a run deleted from MLflow: the data went all the same
                 log.warning("retention: iteration %d's MLflow run %s not tagged: %s", n, record.run_id, e)
     return p
@@ -159,12 +201,12 @@ def plan_table(p: Plan):
         if n in p.kept:
             table.add_row(str(n), "kept", "", p.kept[n])
             continue
-        gone = p.pruned[n]
+        gone = [*(f.uri for f in p.pruned[n]), *p.runs.get(n, [])]
         here = p.iteration_dir(n) + "/"
         stays = [f"{uri[len(here):]} (made into {by.removeprefix(p.root.rstrip('/') + '/')})"
                  for uri, by in p.referenced.items() if uri.startswith(here)]
-        table.add_row(str(n), f"{len(gone)} datasets go", f"{sum(p.sizes[f.uri] for f in gone) / 1e6:.1f}",
-                      "; ".join(stays))
+        table.add_row(str(n), f"{len(p.pruned[n])} datasets, {len(p.runs.get(n, []))} checkpoint runs go",
+                      f"{sum(p.sizes[uri] for uri in gone) / 1e6:.1f}", "; ".join(stays))
     return table
 
 

@@ -4,6 +4,7 @@ Datasets, records and MLflow runs are real; no Ray, no stage."""
 
 import json
 
+import mlflow
 import pytest
 from mlflow import MlflowClient
 from typer.testing import CliRunner
@@ -17,8 +18,13 @@ from flywheel.iteration import IterationResult, iteration_dir, paths, run_iterat
 from flywheel.iteration_record import IterationRecord
 from flywheel.records import write_dataset
 from flywheel.track import Tracker
+from flywheel.train.launcher import run_dir
 
 POLICY = "models:/policy-llava/1"
+# iteration -> the Ray Train runs its training stages ran, and whether each was registered. Iteration 4 trained the
+# same as iteration 0 once more (a resumed run of the same name).
+TRAININGS = {0: {"judge-sft-a": True}, 2: {"judge-sft-b": True, "policy-dpo-c": False},
+             4: {"judge-sft-a": True, "judge-sft-d": True}}
 
 
 def _prompt(n: int, i: int) -> dict:
@@ -55,6 +61,12 @@ def store(tmp_path):
     for n in range(6):
         with tracker.iteration(n) as run:
             runs[n] = run.info.run_id
+            for name, registered in TRAININGS.get(n, {}).items():
+                with tracker.stage("training", tags={"flywheel.ray_train_run": name}):
+                    if registered:
+                        mlflow.set_tag("flywheel.model_version", f"models:/x/{n}")
+                storage.write_bytes(storage.join(run_dir(cfg, name), "checkpoint_000002", "model.safetensors"),
+                                    b"w" * 100)
         _iteration(cfg, n, decisions=("policy-llava",) if n == 2 else (), finished=n < 5, run_id=runs[n])
     first = read_manifest(paths(cfg, 0)["prompts"])
     moved = UpstreamRef(path="s3://old-bucket/iterations/000/prompts", content_hash=first.content_hash)
@@ -84,18 +96,24 @@ def test_old_iterations_lose_only_what_nothing_kept_reads(store):
                      1: [],  # its pairs were pooled into iteration 4's, and were made from the rest
                      2: ["candidates", "curated/sft", "pref-curated/pairs", "prompts"]}
     assert plan.sizes[storage.join(paths(cfg, 2)["candidates"])] == len(b"half a part") + 2
+    # only a registered training's checkpoints go (its weights are in MLflow), and not one a kept iteration ran
+    assert plan.runs == {0: [], 1: [], 2: [run_dir(cfg, "judge-sft-b")]}
+    assert plan.sizes[run_dir(cfg, "judge-sft-b")] == 100
     assert all(_exists(cfg, 2, name) for name in ("prompts", "curated/sft"))  # planning deletes nothing
 
     retention.apply(plan)
     for n in range(6):
         for name in ("prompts", "curated/sft", "pref-curated/pairs"):
             assert _exists(cfg, n, name) == (name not in going.get(n, [])), (n, name)
+    assert [storage.exists(run_dir(cfg, r)) for r in ("judge-sft-a", "judge-sft-b", "policy-dpo-c", "judge-sft-d")] \
+        == [True, False, True, True]
     it2 = iteration_dir(cfg, 2)
     assert storage.subdirs(it2) == []  # the dead attempt and the emptied curated/, pref-curated/ went too
     assert IterationRecord.load(it2).finished  # the record stays: pools and reports read it
     marker = json.loads(storage.read_bytes(storage.join(it2, retention.MARKER)))
     assert marker["datasets"]["prompts"]["rows"] == 3 and marker["keep_iterations"] == 1
     assert marker["datasets"]["candidates"]["rows"] is None  # never finished: no rows to name
+    assert marker["checkpoints"]["judge-sft-b"]["bytes"] == 100
     kept = json.loads(storage.read_bytes(storage.join(iteration_dir(cfg, 0), retention.MARKER)))["kept"]
     assert kept == {"prompts": storage.join(paths(cfg, 0)["gold"], "id-test/prompts")}
     assert not storage.exists(storage.join(iteration_dir(cfg, 1), retention.MARKER))  # nothing went there
@@ -130,18 +148,19 @@ def test_prune_command_shows_the_plan_then_deletes_and_data_and_mlflow_say_so(st
     assert r.exit_code == 2 and "--keep N" in r.output
     r = CliRunner().invoke(app, ["prune", "--keep", "1", *over])
     assert r.exit_code == 0, r.output
-    assert "6 datasets" in r.output and "would be deleted (--yes deletes them)" in r.output
+    assert "6 datasets and 1 training checkpoint runs" in r.output and "would be deleted (--yes" in r.output
     assert "pool" in r.output and "prompts (made into gold/id-test/prompts)" in r.output
     assert _exists(cfg, 2, "prompts")
     r = CliRunner().invoke(app, ["prune", "--keep", "1", "--yes", *over])
-    assert r.exit_code == 0 and "6 datasets" in r.output and " deleted;" in r.output, r.output
+    assert r.exit_code == 0 and "6 datasets and 1 training" in r.output and " deleted;" in r.output, r.output
     assert not _exists(cfg, 2, "prompts")
     r = CliRunner().invoke(app, ["data", "--iteration", "2", *over], terminal_width=250)
     assert r.exit_code == 0 and r.output.count("pruned 20") >= 4, r.output  # prompts, candidates, curated, pref-cur.
     r = CliRunner().invoke(app, ["data", "--iteration", "2", "--dataset", "curated/sft", *over], terminal_width=250)
     assert r.exit_code == 2 and "iteration 2's was deleted by retention at 20" in r.output, r.output
     tags = MlflowClient(cfg.tracking.uri).get_run(runs[2]).data.tags
-    assert "4 datasets deleted" in tags["flywheel.pruned"] and "keep_iterations 1" in tags["flywheel.pruned"]
+    assert "4 datasets and 1 training checkpoint runs deleted" in tags["flywheel.pruned"]
+    assert "keep_iterations 1" in tags["flywheel.pruned"]
     assert "flywheel.pruned" not in MlflowClient(cfg.tracking.uri).get_run(runs[4]).data.tags
 
 
