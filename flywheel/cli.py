@@ -311,8 +311,8 @@ def prune(config: ConfigOpt = Path("configs/local.yaml"), overrides: Overrides =
           yes: Annotated[bool, typer.Option("--yes", help="Delete; without it, only show what would go.")] = False
           ) -> None:
     """Delete the datasets of old finished iterations that nothing reads any more: not those a kept dataset was
-    made from, nor the pairs a preference pool waits for (flywheel/retention.py). Records, MLflow runs and
-    registered models stay."""
+    made from, nor the preference data a pool may still read (flywheel/retention.py); and the checkpoints of the
+    trainings they registered. Records, MLflow runs and registered models stay."""
     from flywheel import retention
     from flywheel.workdir_lock import WorkdirBusy
 

@@ -70,8 +70,9 @@ class StorageConfig(StrictModel):
     keep_iterations: int | None = Field(
         None, ge=1,
         description="After each finished iteration, delete the datasets of finished iterations older than the newest "
-        "this many, except those a kept dataset was made from or a preference pool still waits for "
-        "(flywheel/retention.py; `flywheel prune` shows what would go). Null keeps everything.",
+        "this many, except those a kept dataset was made from or a preference pool may still read, and the "
+        "checkpoints of the trainings they registered (flywheel/retention.py; `flywheel prune` shows what would "
+        "go). Null keeps everything.",
     )
 
 

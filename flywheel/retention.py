@@ -6,12 +6,12 @@ shared store that is what fills it. An old iteration's datasets are read again o
 - a preference pool still waits for them: a policy's update pools the pairs of the earlier iterations that sampled
   the same policy, and `preferences.relabel_pool` ranks their samples again (flywheel/preference_pool.py);
 - the iteration is unfinished, and a resume reads them.
-So `plan` keeps whole the newest `keep` finished iterations, every unfinished one and those a pool may read, plus
-every dataset anything kept names upstream, matched by content hash (a store that moved still matches), and
-transitively; the other datasets of finished iterations go, with any attempt that never wrote its manifest.
-What a pruned iteration keeps beside them (its record, stage clock) is what reports, pools and resumes read; its
-`pruned.json` says what went and when. MLflow runs keep their artifacts and registered models their weights:
-neither is here, and neither is touched; nor are training checkpoints (`train.prune_registered`).
+So `plan` keeps whole the newest `keep` finished iterations and every unfinished one; of the older ones it keeps the
+preference data a pool may read, and every dataset anything kept names upstream (matched by its path below the
+storage root, so a store that moved still matches), and transitively; their other datasets go, with any attempt that never wrote its
+manifest. What a pruned iteration keeps beside them (its record, stage clock) is what reports, pools and resumes
+read; its `pruned.json` says what went and when. MLflow runs keep their artifacts and registered models their
+weights: neither is touched. `plan_for` adds the checkpoints of the trainings pruned iterations registered.
 """
 
 from __future__ import annotations
@@ -36,6 +36,9 @@ MARKER = "pruned.json"
 ITERATIONS = "iterations"
 NOT_DATASETS = ("checkpoints",)  # beside the datasets under the storage root (flywheel/train/launcher.py)
 POOLED_ROLES = ("policy", "generator")
+# what a pool reads of an earlier iteration: its pairs, and to rank its samples again (preferences.relabel_pool)
+# their prompts and candidates; relabelled pairs go to pref-relabel (flywheel/iteration.py _pool, _relabel)
+POOL_READS = ("pref-prompts", "pref-candidates", "pref-curated", "pref-relabel")
 
 
 class UnreadableManifest(RuntimeError):
@@ -55,7 +58,7 @@ class Plan:
     keep: int
     kept: dict[int, str]  # iteration -> why it is kept whole
     pruned: dict[int, list[Found]] = field(default_factory=dict)  # iteration -> what goes (may be empty)
-    referenced: dict[str, str] = field(default_factory=dict)  # uri in a pruned iteration -> the kept one naming it
+    referenced: dict[str, str] = field(default_factory=dict)  # uri in a pruned iteration that stays -> why
     # iteration -> the Ray Train run folders (checkpoints) of its registered trainings that go (plan_for)
     runs: dict[int, list[str]] = field(default_factory=dict)
     sizes: dict[str, int] = field(default_factory=dict)  # uri of what goes -> its bytes
@@ -88,13 +91,18 @@ def plan(storage_uri: str, keep: int, registry: dict[str, str]) -> Plan:
     finished = [n for n in numbers if records[n] is not None and records[n].finished]
     kept = {n: "unfinished: a resume reads it" for n in numbers if n not in finished}
     kept |= {n: f"one of the newest {keep} finished" for n in finished[-keep:]}
-    for n, role in _pooled(records, registry):
-        kept.setdefault(n, f"its pairs wait in the {role}'s preference pool")
     found = {n: list(_walk(dirs(n), "")) for n in numbers}
+    pooled = {}  # uri -> why: the preference data of iterations a pool may read (the rest of them may go)
+    for n, role in _pooled(records, registry):
+        if n not in kept:
+            pooled |= {f.uri: f"waits in the {role}'s preference pool" for f in found[n]
+                       if f.name.split("/")[0] in POOL_READS and f.uri not in pooled}
     shared = [f for d in storage.subdirs(storage_uri) if d not in (ITERATIONS, *NOT_DATASETS)
               for f in _walk(storage.join(storage_uri, d), d)]
-    roots = shared + [f for n in kept for f in found[n]]
-    referenced = _referenced(roots, [f for n in numbers if n not in kept for f in found[n]])
+    roots = shared + [f for n in kept for f in found[n]] + [f for n in found for f in found[n] if f.uri in pooled]
+    made_into = _referenced(storage_uri, roots, [f for n in numbers if n not in kept for f in found[n]])
+    referenced = pooled | {uri: f"made into {by.removeprefix(storage_uri.rstrip('/') + '/')}"
+                           for uri, by in made_into.items() if uri not in pooled}
     out = Plan(storage_uri, keep, dict(sorted(kept.items())), referenced=referenced)
     for n in finished:
         if n not in kept:
@@ -138,7 +146,7 @@ def plan_for(cfg: Config, keep: int | None = None) -> Plan:
     if keep is None:
         raise ValueError("how many finished iterations to keep: storage.keep_iterations is not set")
     p = plan(cfg.storage.uri, keep, {role: getattr(cfg.train.registry, role) for role in POOLED_ROLES})
-    trained = {n: _trainings(cfg, n, p) for n in {*p.kept, *p.pruned}}
+    trained = _trainings(cfg, p)
     in_use = {name for n in p.kept for name in trained[n]}
     for n in p.pruned:
         gone = [run_dir(cfg, name) for name, registered in sorted(trained[n].items())
@@ -148,21 +156,41 @@ def plan_for(cfg: Config, keep: int | None = None) -> Plan:
     return p
 
 
-def _trainings(cfg: Config, n: int, p: Plan) -> dict[str, bool]:
-    """The Ray Train runs iteration n's training stages ran (or reused), each with whether it was registered."""
+def _trainings(cfg: Config, p: Plan) -> dict[int, dict[str, bool]]:
+    """iteration -> the Ray Train runs its training stages ran, each with whether it was registered. A training's
+    MLflow run sits below its stage's (judge-sft), or below the iteration's: climbed up to the iteration's run."""
     from mlflow import MlflowClient
 
-    record = IterationRecord.load(p.iteration_dir(n))
-    if record is None or not record.run_id:
-        return {}
+    records = {n: IterationRecord.load(p.iteration_dir(n)) for n in {*p.kept, *p.pruned}}
+    iteration_of = {r.run_id: n for n, r in records.items() if r is not None and r.run_id}
     client = MlflowClient(tracking_uri=cfg.tracking.uri)
-    try:
-        exp = client.get_run(record.run_id).info.experiment_id
-    except Exception:  # noqa: BLE001 - the run was deleted from MLflow: its trainings are unknown, none is touched
-        return {}
-    stages = client.search_runs([exp], f"tags.mlflow.parentRunId = '{record.run_id}'", max_results=1000)
-    return {r.data.tags["flywheel.ray_train_run"]: "flywheel.model_version" in r.data.tags for r in stages
-            if "flywheel.ray_train_run" in r.data.tags}
+    exp = client.get_experiment_by_name(cfg.experiment)
+    out: dict[int, dict[str, bool]] = {n: {} for n in records}
+    if exp is None or not iteration_of:
+        return out
+    parents: dict[str, str | None] = {}
+    token = None
+    while True:
+        page = client.search_runs([exp.experiment_id], "tags.`flywheel.ray_train_run` LIKE '%'", max_results=1000,
+                                  page_token=token)
+        for r in page:
+            up = r.data.tags.get("mlflow.parentRunId")
+            for _ in range(3):  # training -> stage -> iteration at most
+                if up is None or up in iteration_of:
+                    break
+                if up not in parents:
+                    try:
+                        parents[up] = client.get_run(up).data.tags.get("mlflow.parentRunId")
+                    except Exception:  # noqa: BLE001 - a run deleted from MLflow: its trainings stay unknown
+                        parents[up] = None
+                up = parents[up]
+            if up in iteration_of:
+                name = r.data.tags["flywheel.ray_train_run"]
+                runs = out[iteration_of[up]]
+                runs[name] = runs.get(name, False) or "flywheel.model_version" in r.data.tags
+        token = page.token
+        if not token:
+            return out
 
 
 def prune(cfg: Config, keep: int | None = None) -> Plan:
@@ -203,8 +231,7 @@ def plan_table(p: Plan):
             continue
         gone = [*(f.uri for f in p.pruned[n]), *p.runs.get(n, [])]
         here = p.iteration_dir(n) + "/"
-        stays = [f"{uri[len(here):]} (made into {by.removeprefix(p.root.rstrip('/') + '/')})"
-                 for uri, by in p.referenced.items() if uri.startswith(here)]
+        stays = [f"{uri[len(here):]} ({why})" for uri, why in p.referenced.items() if uri.startswith(here)]
         table.add_row(str(n), f"{len(p.pruned[n])} datasets, {len(p.runs.get(n, []))} checkpoint runs go",
                       f"{sum(p.sizes[uri] for uri in gone) / 1e6:.1f}", "; ".join(stays))
     return table
@@ -253,22 +280,23 @@ def _walk(uri: str, name: str) -> Iterator[Found]:
             yield from _walk(storage.join(uri, e.base_name), f"{name}/{e.base_name}" if name else e.base_name)
 
 
-def _referenced(roots: list[Found], candidates: list[Found]) -> dict[str, str]:
+def _referenced(storage_uri: str, roots: list[Found], candidates: list[Found]) -> dict[str, str]:
     """uri -> the kept dataset naming it upstream (directly or through others), for the candidates any root
-    names; matched by content hash."""
-    by_hash: dict[str, list[Found]] = {}
-    for f in candidates:
-        if f.manifest is not None:
-            by_hash.setdefault(f.manifest.content_hash, []).append(f)
+    names. An upstream is matched by its path below the storage root (iterations/000/prompts), so a store that
+    moved still matches; not by content hash, which equal datasets share (every empty one; the meta-eval's
+    perturbed gold, the same in each iteration)."""
+    top = storage_uri.rstrip("/") + "/"
+    by_path = {f.uri.removeprefix(top): f for f in candidates if f.uri.startswith(top)}
     out: dict[str, str] = {}
     todo = [(f, f.uri) for f in roots if f.manifest is not None]
     while todo:
         f, root = todo.pop()
         for up in f.manifest.upstream:
-            for g in by_hash.get(up.content_hash, []):
-                if g.uri not in out:
-                    out[g.uri] = root
-                    todo.append((g, root))
+            parts = up.path.rstrip("/").split("/")
+            found = next((g for k in range(len(parts)) if (g := by_path.get("/".join(parts[k:]))) is not None), None)
+            if found is not None and found.uri not in out and found.manifest is not None:
+                out[found.uri] = root
+                todo.append((found, root))
     return out
 
 

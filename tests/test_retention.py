@@ -33,8 +33,9 @@ def _prompt(n: int, i: int) -> dict:
 
 
 def _iteration(cfg, n: int, *, policy=POLICY, decisions=(), finished=True, run_id=None) -> dict[str, str]:
-    """Iteration n's record and three datasets, each made from the one before: prompts -> curated/sft ->
-    pref-curated/pairs (prompt rows all, so they are quick to write; retention reads only manifests)."""
+    """Iteration n's record and four datasets: prompts -> curated/sft -> pref-curated/pairs, each made from the one
+    before, and labels from the prompts (prompt rows all, so they are quick to write; retention reads only
+    manifests)."""
     p = paths(cfg, n)
     up = []
     for name in ("prompts", "curated/sft", "pref-curated/pairs"):
@@ -42,6 +43,8 @@ def _iteration(cfg, n: int, *, policy=POLICY, decisions=(), finished=True, run_i
         uri = storage.join(p[head], rest)
         up = [write_dataset(uri, "prompt", [_prompt(n, i) for i in range(3 + len(up))], config_hash="c",
                             producer=head, upstream=up)]
+    write_dataset(p["labels"], "prompt", [_prompt(n, 7)], config_hash="c", producer="labels",
+                  upstream=[read_manifest(p["prompts"])])
     IterationRecord(n, "h", {"judge": "models:/judge/1", "policy": policy, "generator": "world:generator"},
                     run_id=run_id, finished=finished,
                     decisions=[{"model": m} for m in ("judge", "policy-sdxl", *decisions)]).save(iteration_dir(cfg, n))
@@ -52,7 +55,7 @@ def _iteration(cfg, n: int, *, policy=POLICY, decisions=(), finished=True, run_i
 def store(tmp_path):
     """Iterations 0-5 and the gold sets. 0-4 finished: 2 tried a LLaVA update (its pool ended there), 3 and 4 did
     not and 5 (unfinished) started from the same LLaVA, so their pairs wait in its pool. The gold sets come from
-    iteration 0's prompts, named by a path the store no longer has (it moved): only their content hash matches.
+    iteration 0's prompts, named by a path in a bucket the store has moved from: the path below the root matches.
     Iteration 4's pooled pairs were made from iteration 1's pairs. Iteration 2 holds an attempt that never wrote
     its manifest."""
     cfg = load_config(None, [f"run.workdir={tmp_path}/wd"])
@@ -75,6 +78,11 @@ def store(tmp_path):
     pairs = read_manifest(storage.join(paths(cfg, 1)["pref-curated"], "pairs"))
     write_dataset(storage.join(paths(cfg, 4)["pref-pool"], "pairs"), "prompt", [_prompt(4, 9)], config_hash="p",
                   producer="pool-preferences", upstream=[pairs])
+    for n in (2, 4):  # the same rows in both (as the meta-eval's perturbed gold is): iteration 2's is not iteration 4's
+        same = write_dataset(storage.join(paths(cfg, n)["meta-eval"], "perturb"), "prompt", [_prompt(0, 1)],
+                             config_hash="m", producer="meta-eval")
+    write_dataset(storage.join(paths(cfg, 4)["meta-eval"], "judged"), "prompt", [_prompt(4, 1)], config_hash="m",
+                  producer="meta-eval", upstream=[same])
     dead = storage.join(paths(cfg, 2)["candidates"])
     storage.write_bytes(storage.join(dead, "part-00000.parquet"), b"half a part")
     storage.write_bytes(storage.join(dead, "_batches", "00000.json"), b"{}")
@@ -89,21 +97,23 @@ def _exists(cfg, n: int, name: str) -> bool:
 def test_old_iterations_lose_only_what_nothing_kept_reads(store):
     cfg, runs = store
     plan = retention.plan_for(cfg, 1)
-    assert plan.kept == {3: "its pairs wait in the policy's preference pool", 4: "one of the newest 1 finished",
-                         5: "unfinished: a resume reads it"}
+    assert plan.kept == {4: "one of the newest 1 finished", 5: "unfinished: a resume reads it"}
     going = {n: sorted(f.name for f in fs) for n, fs in plan.pruned.items()}
-    assert going == {0: ["curated/sft", "pref-curated/pairs"],  # its prompts made the gold sets
-                     1: [],  # its pairs were pooled into iteration 4's, and were made from the rest
-                     2: ["candidates", "curated/sft", "pref-curated/pairs", "prompts"]}
+    assert going == {0: ["curated/sft", "labels", "pref-curated/pairs"],  # its prompts made the gold sets
+                     1: ["labels"],  # its pairs were pooled into iteration 4's, and were made from the rest
+                     2: ["candidates", "curated/sft", "labels", "meta-eval/perturb", "pref-curated/pairs", "prompts"],
+                     3: ["labels"]}  # its pairs wait in iteration 5's pool, with what they were made from
+    assert plan.referenced[storage.join(paths(cfg, 3)["pref-curated"], "pairs")] == \
+        "waits in the policy's preference pool"
     assert plan.sizes[storage.join(paths(cfg, 2)["candidates"])] == len(b"half a part") + 2
     # only a registered training's checkpoints go (its weights are in MLflow), and not one a kept iteration ran
-    assert plan.runs == {0: [], 1: [], 2: [run_dir(cfg, "judge-sft-b")]}
+    assert plan.runs == {0: [], 1: [], 2: [run_dir(cfg, "judge-sft-b")], 3: []}
     assert plan.sizes[run_dir(cfg, "judge-sft-b")] == 100
     assert all(_exists(cfg, 2, name) for name in ("prompts", "curated/sft"))  # planning deletes nothing
 
     retention.apply(plan)
     for n in range(6):
-        for name in ("prompts", "curated/sft", "pref-curated/pairs"):
+        for name in ("prompts", "curated/sft", "labels", "pref-curated/pairs"):
             assert _exists(cfg, n, name) == (name not in going.get(n, [])), (n, name)
     assert [storage.exists(run_dir(cfg, r)) for r in ("judge-sft-a", "judge-sft-b", "policy-dpo-c", "judge-sft-d")] \
         == [True, False, True, True]
@@ -115,8 +125,7 @@ def test_old_iterations_lose_only_what_nothing_kept_reads(store):
     assert marker["datasets"]["candidates"]["rows"] is None  # never finished: no rows to name
     assert marker["checkpoints"]["judge-sft-b"]["bytes"] == 100
     kept = json.loads(storage.read_bytes(storage.join(iteration_dir(cfg, 0), retention.MARKER)))["kept"]
-    assert kept == {"prompts": storage.join(paths(cfg, 0)["gold"], "id-test/prompts")}
-    assert not storage.exists(storage.join(iteration_dir(cfg, 1), retention.MARKER))  # nothing went there
+    assert kept == {"prompts": "made into gold/id-test/prompts"}
     gold, _ = read_dataset(storage.join(paths(cfg, 0)["gold"], "id-test/prompts"))  # still verifies
     assert gold.num_rows == 1 and read_dataset(paths(cfg, 0)["prompts"])[0].num_rows == 3
     assert retention.plan_for(cfg, 1).datasets == 0  # nothing left to prune: a second run deletes nothing
@@ -128,9 +137,9 @@ def test_a_pool_that_an_update_consumed_frees_its_iterations(store):
     plan = retention.plan_for(cfg, 1)
     assert plan.kept == {5: "one of the newest 1 finished"}
     assert sorted(plan.pruned) == [0, 1, 2, 3, 4]
-    assert sorted(f.name for f in plan.pruned[4]) == ["curated/sft", "pref-curated/pairs", "pref-pool/pairs",
-                                                      "prompts"]
-    assert plan.pruned[1] != []  # iteration 4's pool went, so nothing reads iteration 1's pairs any more
+    assert sorted(f.name for f in plan.pruned[4]) == ["curated/sft", "labels", "meta-eval/judged", "meta-eval/perturb",
+                                                      "pref-curated/pairs", "pref-pool/pairs", "prompts"]
+    assert len(plan.pruned[1]) == 4  # iteration 4's pool went, so nothing reads iteration 1's pairs any more
 
 
 def test_an_unreadable_manifest_stops_the_prune_before_anything_goes(store):
@@ -148,18 +157,18 @@ def test_prune_command_shows_the_plan_then_deletes_and_data_and_mlflow_say_so(st
     assert r.exit_code == 2 and "--keep N" in r.output
     r = CliRunner().invoke(app, ["prune", "--keep", "1", *over])
     assert r.exit_code == 0, r.output
-    assert "6 datasets and 1 training checkpoint runs" in r.output and "would be deleted (--yes" in r.output
+    assert "11 datasets and 1 training checkpoint runs" in r.output and "would be deleted (--yes" in r.output
     assert "pool" in r.output and "prompts (made into gold/id-test/prompts)" in r.output
     assert _exists(cfg, 2, "prompts")
     r = CliRunner().invoke(app, ["prune", "--keep", "1", "--yes", *over])
-    assert r.exit_code == 0 and "6 datasets and 1 training" in r.output and " deleted;" in r.output, r.output
+    assert r.exit_code == 0 and "11 datasets and 1 training" in r.output and " deleted;" in r.output, r.output
     assert not _exists(cfg, 2, "prompts")
     r = CliRunner().invoke(app, ["data", "--iteration", "2", *over], terminal_width=250)
     assert r.exit_code == 0 and r.output.count("pruned 20") >= 4, r.output  # prompts, candidates, curated, pref-cur.
     r = CliRunner().invoke(app, ["data", "--iteration", "2", "--dataset", "curated/sft", *over], terminal_width=250)
     assert r.exit_code == 2 and "iteration 2's was deleted by retention at 20" in r.output, r.output
     tags = MlflowClient(cfg.tracking.uri).get_run(runs[2]).data.tags
-    assert "4 datasets and 1 training checkpoint runs deleted" in tags["flywheel.pruned"]
+    assert "6 datasets and 1 training checkpoint runs deleted" in tags["flywheel.pruned"]
     assert "keep_iterations 1" in tags["flywheel.pruned"]
     assert "flywheel.pruned" not in MlflowClient(cfg.tracking.uri).get_run(runs[4]).data.tags
 

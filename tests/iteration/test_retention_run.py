@@ -19,8 +19,11 @@ from tiny_iteration import TINY
 pytestmark = pytest.mark.slow
 
 # The tiny random judge orders no gold pair: a negative margin promotes it, so each iteration starts from the last
-# one's judge. Each iteration updates both policies on its own pairs (TINY: no pool), so no pool holds old pairs.
+# one's judge. Its ratings of the policies' samples do not parse, so no pair is made and no update tried: each
+# iteration's preference data waits in the pools of the next.
 RUN = [*TINY, "gate.judge_test=none", "gate.judge_margin=-1", "storage.keep_iterations=1"]
+JUDGE_DATA = {"prompts-train", "candidates", "labels", "curated", "meta-eval"}
+POOL_DATA = {"pref-prompts", "pref-candidates", "pref-curated"}
 
 
 def test_three_iterations_keep_one_whole_and_of_the_others_what_is_still_read(tmp_path):
@@ -34,21 +37,26 @@ def test_three_iterations_keep_one_whole_and_of_the_others_what_is_still_read(tm
     assert text.count("retention: ") >= 2, text[-4000:]
 
     cfg = load_config(REPO_ROOT / "configs" / "local.yaml", run)
-    assert all(IterationRecord.load(iteration_dir(cfg, n)).finished for n in range(3))
-    left = {n: {d for d in storage.subdirs(iteration_dir(cfg, n))} for n in range(3)}
-    assert left[0] == {"prompts"}  # every iteration's gold was made from it
-    assert left[1] == set()
-    assert {"prompts", "candidates", "labels", "curated", "pref-curated"} <= left[2]
+    records = [IterationRecord.load(iteration_dir(cfg, n)) for n in range(3)]
+    assert all(r.finished for r in records)
+    assert not any(d["model"] != "judge" for r in records for d in r.decisions)  # no update: the pools wait
+    left = {n: set(storage.subdirs(iteration_dir(cfg, n))) for n in range(3)}
+    for n in (0, 1):
+        assert not left[n] & JUDGE_DATA and POOL_DATA <= left[n], left
+    assert "prompts" in left[0]  # every iteration's gold was made from it
+    assert JUDGE_DATA | POOL_DATA <= left[2]
     first = paths(cfg, 0)["prompts"]
     verify_dataset(first)
     for split in storage.subdirs(paths(cfg, 0)["gold"]):
         gold = read_manifest(storage.join(paths(cfg, 0)["gold"], split, "prompts"))
         assert gold.upstream[0].content_hash == read_manifest(first).content_hash  # the gold iteration 2 used
     marker = json.loads(storage.read_bytes(storage.join(iteration_dir(cfg, 0), retention.MARKER)))
-    assert {"candidates", "labels", "curated/sft"} <= set(marker["datasets"]) and set(marker["kept"]) == {"prompts"}
+    assert {"candidates", "labels", "curated/sft"} <= set(marker["datasets"])
+    assert marker["kept"]["prompts"].startswith("made into gold/")
+    assert marker["kept"]["pref-curated/pairs"] == "waits in the policy's preference pool"
+    assert marker["checkpoints"]  # the judge trainings iteration 0 registered
     client = MlflowClient(cfg.tracking.uri)
     for n in (0, 1):
-        tags = client.get_run(IterationRecord.load(iteration_dir(cfg, n)).run_id).data.tags
-        assert "datasets deleted" in tags["flywheel.pruned"]
-    assert "flywheel.pruned" not in client.get_run(IterationRecord.load(iteration_dir(cfg, 2)).run_id).data.tags
+        assert "datasets and" in client.get_run(records[n].run_id).data.tags["flywheel.pruned"]
+    assert "flywheel.pruned" not in client.get_run(records[2].run_id).data.tags
     assert retention.plan_for(cfg).datasets == 0
