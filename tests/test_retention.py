@@ -2,6 +2,7 @@
 waits for them or the iteration may be resumed (flywheel/retention.py, `flywheel prune`, storage.keep_iterations).
 Datasets, records and MLflow runs are real; no Ray, no stage."""
 
+import contextlib
 import json
 
 import mlflow
@@ -65,7 +66,9 @@ def store(tmp_path):
         with tracker.iteration(n) as run:
             runs[n] = run.info.run_id
             for name, registered in TRAININGS.get(n, {}).items():
-                with tracker.stage("training", tags={"flywheel.ray_train_run": name}):
+                # as an iteration runs them, below their stage's run (judge-sft), or (flywheel train) the iteration's
+                with tracker.stage("judge-sft") if n == 2 else contextlib.nullcontext(), \
+                        tracker.stage("training", tags={"flywheel.ray_train_run": name}):
                     if registered:
                         mlflow.set_tag("flywheel.model_version", f"models:/x/{n}")
                 storage.write_bytes(storage.join(run_dir(cfg, name), "checkpoint_000002", "model.safetensors"),
