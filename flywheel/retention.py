@@ -6,12 +6,13 @@ shared store that is what fills it. An old iteration's datasets are read again o
 - a preference pool still waits for them: a policy's update pools the pairs of the earlier iterations that sampled
   the same policy, and `preferences.relabel_pool` ranks their samples again (flywheel/preference_pool.py);
 - the iteration is unfinished, and a resume reads them.
-So `plan` keeps whole the newest `keep` finished iterations and every unfinished one; of the older ones it keeps the
-preference data a pool may read, and every dataset anything kept names upstream (matched by its path below the
-storage root, so a store that moved still matches), and transitively; their other datasets go, with any attempt that never wrote its
-manifest. What a pruned iteration keeps beside them (its record, stage clock) is what reports, pools and resumes
-read; its `pruned.json` says what went and when. MLflow runs keep their artifacts and registered models their
-weights: neither is touched. `plan_for` adds the checkpoints of the trainings pruned iterations registered.
+So `plan` keeps whole the newest `keep` finished iterations and every unfinished one; of the older ones it keeps
+the preference data a pool may read, and every dataset anything kept names upstream (matched by its path below the
+storage root, so a store that moved still matches), transitively; their other datasets go, with any attempt that
+never wrote its manifest. What a pruned iteration keeps beside them (its record, stage clock) is what reports,
+pools and resumes read; its `pruned.json` says what went and when. MLflow runs keep their artifacts and registered
+models their weights: neither is touched. `plan_for` adds the checkpoints of the trainings pruned iterations
+registered.
 """
 
 from __future__ import annotations
