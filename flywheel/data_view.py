@@ -44,6 +44,12 @@ class ReasonGroups:
             text = text[:EXAMPLE_CHARS] + f"... ({len(text)} characters)"
         self.groups[key] = {"reason": reason, "field": field, "count": 1, "item": item, "example": text}
 
+    def add_unparsed(self, judgment: dict) -> None:
+        """A judgment whose output did not parse: grouped by protocol and parse_error, its raw output the example
+        (item: the judgment's id)."""
+        self.add(judgment["protocol"], judgment["parse_error"], judgment.get("judgment_id"),
+                 lambda: judgment.get("raw_output") or "")
+
     def top(self, n: int) -> dict:
         """{"total", "groups" (the n most frequent, ties in order of first appearance), "other" (items in the
         rest)}."""
@@ -82,7 +88,7 @@ def parse_failures(rows: Iterable[dict], top: int = 10) -> dict:
     groups = ReasonGroups()
     for r in rows:
         if r.get("parse_error") is not None:
-            groups.add(r["protocol"], r["parse_error"], r["judgment_id"], lambda r=r: r["raw_output"] or "")
+            groups.add_unparsed(r)
     return groups.top(top)
 
 

@@ -479,7 +479,7 @@ def judgment_stats(rows: Iterable[dict]) -> dict[str, Any]:
         n[proto] += 1
         if r.get("parse_error") is not None:
             fails[proto] += 1
-            reasons.add(proto, r["parse_error"], r.get("judgment_id"), lambda r=r: r.get("raw_output") or "")
+            reasons.add_unparsed(r)
             continue
         if r.get("verdict") is not None:
             hist[proto][r["verdict"]] += 1
