@@ -4,6 +4,8 @@ Datasets, records and MLflow runs are real; no Ray, no stage."""
 
 import contextlib
 import json
+import subprocess
+import sys
 
 import mlflow
 import pytest
@@ -174,6 +176,23 @@ def test_prune_command_shows_the_plan_then_deletes_and_data_and_mlflow_say_so(st
     assert "6 datasets and 1 training checkpoint runs deleted" in tags["flywheel.pruned"]
     assert "keep_iterations 1" in tags["flywheel.pruned"]
     assert "flywheel.pruned" not in MlflowClient(cfg.tracking.uri).get_run(runs[4]).data.tags
+
+
+def test_prune_is_refused_while_an_iteration_runs(store):
+    """A driver holding the workdir (another process, as a running iteration does) may be reading what would go."""
+    cfg, _ = store
+    hold = "import sys, time; from flywheel.workdir_lock import holding\n" \
+           "with holding(sys.argv[1], 'iteration 6'):\n    print('held', flush=True); time.sleep(120)"
+    proc = subprocess.Popen([sys.executable, "-c", hold, cfg.run.workdir], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "held"
+        r = CliRunner().invoke(app, ["prune", "--keep", "1", "--yes", f"run.workdir={cfg.run.workdir}"])
+        assert r.exit_code == 2 and "in use by another flywheel run" in r.output and "iteration 6" in r.output, \
+            r.output
+        assert _exists(cfg, 2, "prompts")
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def test_an_iteration_that_finishes_prunes_with_storage_keep_iterations(store, monkeypatch):
