@@ -308,8 +308,8 @@ def _show_data(cfg, iteration: int | None, dataset: str | None, top: int, rows: 
 def prune(config: ConfigOpt = Path("configs/local.yaml"), overrides: Overrides = None,
           keep: Annotated[int | None, typer.Option(min=1, help="Finished iterations kept whole, the newest "
                                                                "(default: storage.keep_iterations).")] = None,
-          yes: Annotated[bool, typer.Option("--yes", help="Delete; without it, only show what would go.")] = False
-          ) -> None:
+          yes: Annotated[bool, typer.Option("--yes", help="Delete; without it, only show what would go.")] = False,
+          as_json: Annotated[bool, typer.Option("--json", help="JSON instead of a table.")] = False) -> None:
     """Delete the datasets of old finished iterations that nothing reads any more: not those a kept dataset was
     made from, nor the preference data a pool may still read (flywheel/retention.py); and the checkpoints of the
     trainings they registered. Records, MLflow runs and registered models stay."""
@@ -325,6 +325,11 @@ def prune(config: ConfigOpt = Path("configs/local.yaml"), overrides: Overrides =
     except (ValueError, WorkdirBusy, retention.UnreadableManifest, OSError) as e:  # ValueError: a damaged record
         error(console, str(e))
         raise typer.Exit(2) from None
+    if as_json:
+        import json
+
+        typer.echo(json.dumps({**retention.plan_json(p), "deleted": yes}, indent=1))
+        return
     console.print(retention.plan_table(p))
     verb = "deleted" if yes else "would be deleted (--yes deletes them)"
     console.print(f"{p.datasets} datasets and {p.checkpoint_runs} training checkpoint runs, {p.bytes / 1e6:.1f} MB "

@@ -80,6 +80,13 @@ class Plan:
     def iteration_dir(self, n: int) -> str:
         return storage.join(self.root, ITERATIONS, f"{n:03d}")
 
+    def going(self, n: int) -> list[str]:
+        """The URIs iteration n loses: its datasets, then its trainings' checkpoint runs."""
+        return [*(f.uri for f in self.pruned.get(n, [])), *self.runs.get(n, [])]
+
+    def bytes_of(self, n: int) -> int:
+        return sum(self.sizes[uri] for uri in self.going(n))
+
 
 def plan(storage_uri: str, keep: int, registry: dict[str, str]) -> Plan:
     """What `prune` would delete under `storage_uri`, keeping the newest `keep` finished iterations whole.
@@ -135,7 +142,7 @@ def apply(p: Plan) -> None:
         for uri in runs:
             storage.remove_dir(uri)
         log.info("retention: iteration %d: %d datasets and %d training checkpoint runs deleted (%.1f MB)", n,
-                 len(gone), len(runs), sum(p.sizes[u] for u in [*(f.uri for f in gone), *runs]) / 1e6)
+                 len(gone), len(runs), p.bytes_of(n) / 1e6)
 
 
 def plan_for(cfg: Config, keep: int | None = None) -> Plan:
@@ -219,6 +226,13 @@ def prune(cfg: Config, keep: int | None = None) -> Plan:
     return p
 
 
+def plan_json(p: Plan) -> dict:
+    """The plan as data: what each iteration keeps or loses, with the bytes and the reasons."""
+    pruned = {n: {"datasets": [f.name for f in gone], "checkpoint_runs": [storage.name(u) for u in p.runs.get(n, [])],
+                  "bytes": p.bytes_of(n)} for n, gone in p.pruned.items()}
+    return {"keep": p.keep, "bytes": p.bytes, "kept": p.kept, "pruned": pruned, "stays": p.referenced}
+
+
 def plan_table(p: Plan):
     """The plan for people: each iteration kept whole (and why) or pruned (what goes, what stays and why)."""
     from rich.table import Table
@@ -230,11 +244,10 @@ def plan_table(p: Plan):
         if n in p.kept:
             table.add_row(str(n), "kept", "", p.kept[n])
             continue
-        gone = [*(f.uri for f in p.pruned[n]), *p.runs.get(n, [])]
         here = p.iteration_dir(n) + "/"
         stays = [f"{uri[len(here):]} ({why})" for uri, why in p.referenced.items() if uri.startswith(here)]
         table.add_row(str(n), f"{len(p.pruned[n])} datasets, {len(p.runs.get(n, []))} checkpoint runs go",
-                      f"{sum(p.sizes[uri] for uri in gone) / 1e6:.1f}", "; ".join(stays))
+                      f"{p.bytes_of(n) / 1e6:.1f}", "; ".join(stays))
     return table
 
 

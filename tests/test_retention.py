@@ -165,6 +165,12 @@ def test_prune_command_shows_the_plan_then_deletes_and_data_and_mlflow_say_so(st
     assert "11 datasets and 1 training checkpoint runs" in r.output and "would be deleted (--yes" in r.output
     assert "pool" in r.output and "prompts (made into gold/id-test/prompts)" in r.output
     assert _exists(cfg, 2, "prompts")
+    r = CliRunner().invoke(app, ["prune", "--keep", "1", "--json", *over])
+    shown = json.loads(r.output)
+    assert shown["deleted"] is False and shown["kept"] == {"4": "one of the newest 1 finished",
+                                                           "5": "unfinished: a resume reads it"}
+    assert shown["pruned"]["2"]["checkpoint_runs"] == ["judge-sft-b"] and len(shown["pruned"]["2"]["datasets"]) == 6
+    assert shown["bytes"] == sum(v["bytes"] for v in shown["pruned"].values())
     r = CliRunner().invoke(app, ["prune", "--keep", "1", "--yes", *over])
     assert r.exit_code == 0 and "11 datasets and 1 training" in r.output and " deleted;" in r.output, r.output
     assert not _exists(cfg, 2, "prompts")
