@@ -162,9 +162,9 @@ def listing_table(n: int, listed: list[Listed], pruned: Mapping[str, str] | None
     table = Table(title=f"iteration {n}: datasets (`flywheel data --dataset <name>` shows one)")
     for col in ("dataset", "kind", "rows", "quarantined", "MB", "producer", "written (UTC)", "path"):
         table.add_column(col, justify="right" if col in ("rows", "quarantined", "MB") else "left")
+    pruned = pruned or {}
     for name, uri, m in listed:
         if m is None:
-            pruned = pruned or {}
             when = pruned.get(name) or next((t for k, t in pruned.items() if k.startswith(f"{name}/")), None)
             table.add_row(name, "", "", "", "", "", f"pruned {when[:19].replace('T', ' ')}" if when
                           else "not written", "")

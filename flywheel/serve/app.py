@@ -369,8 +369,8 @@ def _run_app(cfg: Config, app) -> None:
     serve._run(app, _blocking=False, name=s.app_name, route_prefix=s.route_prefix)
     deadline = time.monotonic() + wait
     while (st := serve.status().applications.get(s.app_name)) is None or st.status != "RUNNING":
-        said = "; ".join(filter(None, [st and st.message] + [d.message for d in (st.deployments if st else {})
-                                                             .values()]))
+        said = "" if st is None else "; ".join(m for m in [st.message, *(d.message for d in st.deployments.values())]
+                                               if m)
         if st is not None and st.status == "DEPLOY_FAILED":
             raise RuntimeError(f"serve: app {s.app_name} failed to deploy: {said}")
         if time.monotonic() > deadline:

@@ -142,8 +142,10 @@ def failure_config(cfg: Config, max_failures: int):
     fits, for ever. With ray.wait_for_actors_s those retries share the worker restarts' budget."""
     from ray.train import FailureConfig
 
-    bounded = cfg.ray.wait_for_actors_s is not None
-    return FailureConfig(max_failures=max_failures, controller_failure_limit=max_failures if bounded else -1)
+    if cfg.ray.wait_for_actors_s is None:
+        return FailureConfig(max_failures=max_failures)
+    # max_failures -1 (restart workers for ever) must not make the wait endless again: one attempt then
+    return FailureConfig(max_failures=max_failures, controller_failure_limit=max(max_failures, 0))
 
 
 def did_not_start(cfg: Config, failure: Exception, max_failures: int) -> Exception | None:
@@ -157,7 +159,7 @@ def did_not_start(cfg: Config, failure: Exception, max_failures: int) -> Excepti
             and isinstance(failure.controller_failure, WorkerGroupStartupTimeoutError)):
         return None
     res = cfg.resources.train
-    attempts = "" if max_failures < 1 else f", {max_failures + 1} times"
+    attempts = "" if max_failures < 1 else f", {max_failures + 1} times"  # as failure_config counts them
     return ActorsDidNotStart(f"training workers: {res.actors} workers, each with {ask_text(actor_ask(res))}, did not "
                              f"find room together within {cfg.ray.wait_for_actors_s:g} s{attempts} "
                              "(ray.wait_for_actors_s; train.<training>.max_failures)")
@@ -268,7 +270,9 @@ def launch(cfg: Config, job: TrainJob, run_name: str, local_dir: str) -> LaunchR
     if failure is not None:
         finals = [e for e in entries if e.get("final") and e.get("checkpoint")]
         if not finals:
-            raise did_not_start(cfg, failure, s.max_failures) or failure
+            if (stuck := did_not_start(cfg, failure, s.max_failures)) is not None:
+                raise stuck from failure
+            raise failure
         from ray.train import Checkpoint
 
         log.warning("Ray Train reported %s after the run's final checkpoint was committed; using that checkpoint",

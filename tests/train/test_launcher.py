@@ -76,3 +76,12 @@ def test_a_worker_group_no_cluster_fits_fails_after_the_configured_wait(ray_loca
                                                 r"2 times"):
         launch(cfg, job, "never-starts", str(tmp_path / "local"))
     assert time.monotonic() - t0 < 60
+
+
+def test_a_bounded_wait_stays_bounded_when_workers_restart_for_ever(tmp_path):
+    from flywheel.train.launcher import failure_config
+
+    bounded = load_config(LOCAL, [f"run.workdir={tmp_path}", "ray.wait_for_actors_s=30"])
+    assert failure_config(bounded, 2).controller_failure_limit == 2  # the placement's retries share the budget
+    assert failure_config(bounded, -1).controller_failure_limit == 0  # one attempt, not an endless wait
+    assert failure_config(load_config(LOCAL, [f"run.workdir={tmp_path}"]), 2).controller_failure_limit == -1
