@@ -90,15 +90,30 @@ def run_iteration(cfg: Config, n: int, tracker: Tracker | None = None) -> Iterat
     with workdir_lock.holding(cfg.run.workdir, f"iteration {n}"):
         res = _run_iteration(cfg, n, tracker)
         if cfg.storage.keep_iterations and not res.skipped:
-            from flywheel import retention
-
-            p = retention.prune(cfg)
-            if p.datasets or p.checkpoint_runs:
-                log.info("retention: %d datasets and %d training checkpoint runs of iterations %s deleted (%.1f MB; "
-                         "storage.keep_iterations %d); kept whole: %s", p.datasets, p.checkpoint_runs,
-                         sorted(p.pruned), p.bytes / 1e6, p.keep,
-                         ", ".join(f"{k} ({why})" for k, why in p.kept.items()))
+            _prune_after(cfg, res)
         return res
+
+
+def _prune_after(cfg: Config, res: IterationResult) -> None:
+    """storage.keep_iterations after a finished iteration. A prune that fails does not fail the iteration, whose
+    results stand: it is logged, and tagged on the iteration's run (`flywheel prune --yes` tries again)."""
+    from flywheel import failures, retention
+
+    try:
+        p = retention.prune(cfg)
+    except Exception as e:  # noqa: BLE001 - any reason: storage, MLflow, a damaged manifest
+        why = failures.summary(e)
+        log.error("retention after iteration %d failed, nothing more deleted: %s (`flywheel prune --yes` tries "
+                  "again)", res.iteration, why, exc_info=True)
+        try:
+            mlflow.MlflowClient(cfg.tracking.uri).set_tag(res.run_id, "flywheel.retention_failed", why)
+        except Exception:  # noqa: BLE001 - MLflow may be what failed: the log above says it
+            pass
+        return
+    if p.datasets or p.checkpoint_runs:
+        log.info("retention: %d datasets and %d training checkpoint runs of iterations %s deleted (%.1f MB; "
+                 "storage.keep_iterations %d); kept whole: %s", p.datasets, p.checkpoint_runs, sorted(p.pruned),
+                 p.bytes / 1e6, p.keep, ", ".join(f"{k} ({why})" for k, why in p.kept.items()))
 
 
 def _run_iteration(cfg: Config, n: int, tracker: Tracker | None) -> IterationResult:

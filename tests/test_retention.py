@@ -216,3 +216,21 @@ def test_an_iteration_that_finishes_prunes_with_storage_keep_iterations(store, m
     storage.write_bytes(storage.join(paths(cfg, 3)["prompts"], "x"), b"")  # a skipped iteration prunes nothing
     run_iteration(cfg, 5)
     assert storage.exists(storage.join(paths(cfg, 3)["prompts"], "x"))
+
+
+def test_a_prune_that_fails_after_an_iteration_leaves_its_result_and_says_so(store, monkeypatch, caplog):
+    cfg, runs = store
+    cfg = cfg.model_copy(update={"storage": cfg.storage.model_copy(update={"keep_iterations": 1})})
+    storage.write_bytes(storage.join(paths(cfg, 0)["prompts"], "manifest.json"), b"{not json")
+
+    def finish(c, n, tracker):  # stands in for the stages, as above
+        _iteration(c, n, decisions=("policy-llava",), run_id=runs[5])
+        return IterationResult(n, runs[5])
+
+    monkeypatch.setattr(iteration, "_run_iteration", finish)
+    with caplog.at_level("ERROR"):
+        res = run_iteration(cfg, 5)
+    assert res.iteration == 5 and "retention after iteration 5 failed" in caplog.text
+    assert _exists(cfg, 2, "prompts")  # nothing went
+    tag = MlflowClient(cfg.tracking.uri).get_run(runs[5]).data.tags["flywheel.retention_failed"]
+    assert tag.startswith("UnreadableManifest:") and "iterations/000/prompts" in tag
