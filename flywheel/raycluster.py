@@ -65,10 +65,13 @@ def init_ray(cfg: Config) -> None:
             start_embedded(cfg.ray.num_cpus, runtime_env=worker_env())
         log.info("ray: %s (%s CPUs, %s GPUs)", address or "embedded", ray.cluster_resources().get("CPU"),
                  ray.cluster_resources().get("GPU", 0))
-    if cfg.ray.wait_for_actors_s is not None:  # Ray Data's, for every dataset this driver runs from now on
-        from ray.data import DataContext  # (`import ray.data` here would make `ray` local to this function)
+    # Ray Data's wait, for every dataset this driver runs from now on: set either way, so that a config without it
+    # does not inherit the bound of one this process ran before (a test, a notebook); Ray Data's default waits for
+    # ever. (A `from` import: `import ray.data` here would make `ray` local to this function.)
+    from ray.data.context import DEFAULT_WAIT_FOR_MIN_ACTORS_S, DataContext
 
-        DataContext.get_current().wait_for_min_actors_s = cfg.ray.wait_for_actors_s
+    wait = cfg.ray.wait_for_actors_s
+    DataContext.get_current().wait_for_min_actors_s = DEFAULT_WAIT_FOR_MIN_ACTORS_S if wait is None else wait
 
 
 def start_embedded(num_cpus: int | None, *, log_to_driver: bool = True, runtime_env: dict | None = None) -> None:

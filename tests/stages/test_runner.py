@@ -258,6 +258,7 @@ def test_a_stage_whose_actors_no_node_fits_warns_at_once_and_fails_after_the_con
     """This box has no GPU (Ray's local node: 2 CPUs, 0 GPUs): a stage asking one per actor is what a GPU config
     does on a cluster whose GPU nodes never come. Ray Data would wait for ever; ray.wait_for_actors_s bounds it."""
     from ray.data import DataContext
+    from ray.data.context import DEFAULT_WAIT_FOR_MIN_ACTORS_S
 
     from flywheel.config import load_config
     from flywheel.raycluster import init_ray
@@ -275,6 +276,8 @@ def test_a_stage_whose_actors_no_node_fits_warns_at_once_and_fails_after_the_con
             run_stage("gpu", inputs=[src.path], output=str(tmp_path / "out"), kind="prompt", batch_size=1,
                       resources=StageResources(num_gpus=1), core_factory=lambda: ShoutCore("!"), stage_hash="h")
     finally:
+        init_ray(load_config(None, [f"run.workdir={tmp_path}"]))  # a config without the bound: Ray Data's wait again
+        assert ctx.wait_for_min_actors_s == DEFAULT_WAIT_FOR_MIN_ACTORS_S == -1  # for ever
         ctx.wait_for_min_actors_s = before
     assert "each of its actors asks CPU 1, GPU 1 and no live node has that (1 node with CPU 2, GPU 0)" \
         in caplog.text
