@@ -35,7 +35,7 @@ LOGPROBS = {"content": [
 class FlakyServer(ChatServer):
     """An OpenAI-style /v1/chat/completions whose behaviour is chosen by the user message's text:
     'fail-<status>-<n>': the first n attempts answer <status>, then 200;  'always-<status>': never 200;
-    'slow-<n>': the first n attempts take 1 s (longer than the tests' timeout);  'sleep': 0.1 s, then 200;
+    'slow-<n>': the first n attempts take 1 s (longer than the timeout test's);  'sleep': 0.1 s, then 200;
     'imposter-<n>': the first n answers name model_version 'other', then 'ours' (others name none);
     anything else: 200 at once. A request with `logprobs: true` gets LOGPROBS as choices[0].logprobs, unless its
     text is 'nologprobs' (logprobs: null, as a server without support answers). Records attempts per text, peak
@@ -95,8 +95,11 @@ def server():
 
 
 def _engine(port: int, top_logprobs: int = 0, **kw) -> HTTPTextEngine:
+    # a generous timeout: the tests count retries exactly, and a busy box answered a local request in over 0.5 s
+    # (CI, 2026-11-30: 3 retries where 1 was due); the timeout test sets its own
+    kw = {"timeout_s": 10.0, **kw}
     http = HttpEngineConfig(base_url=f"http://127.0.0.1:{port}/v1", model="m", backoff_initial_s=0.01,
-                            backoff_max_s=0.05, timeout_s=0.5, **kw)
+                            backoff_max_s=0.05, **kw)
     return HTTPTextEngine(http, GenerationConfig(max_new_tokens=8, top_logprobs=top_logprobs))
 
 
@@ -163,7 +166,7 @@ def test_an_answer_from_another_model_is_retried_then_a_failure_never_a_label(se
 
 
 def test_timeouts_are_retried(server):
-    eng = _engine(server.port, max_retries=2)
+    eng = _engine(server.port, max_retries=2, timeout_s=0.5)  # the server takes 1 s on the first attempt
     t0 = time.perf_counter()
     out = eng.generate([_ask("slow-1")])
     assert out[0].text == "echo slow-1" and server.attempts["slow-1"] == 2
