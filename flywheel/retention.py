@@ -64,6 +64,7 @@ class Plan:
     runs: dict[int, list[str]] = field(default_factory=dict)
     sizes: dict[str, int] = field(default_factory=dict)  # uri of what goes -> its bytes
     when: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    records: dict[int, IterationRecord | None] = field(default_factory=dict)  # as plan read them
 
     @property
     def bytes(self) -> int:
@@ -78,7 +79,7 @@ class Plan:
         return sum(len(v) for v in self.runs.values())
 
     def iteration_dir(self, n: int) -> str:
-        return storage.join(self.root, ITERATIONS, f"{n:03d}")
+        return _iteration_dir(self.root, n)
 
     def going(self, n: int) -> list[str]:
         """The URIs iteration n loses: its datasets, then its trainings' checkpoint runs."""
@@ -93,7 +94,9 @@ def plan(storage_uri: str, keep: int, registry: dict[str, str]) -> Plan:
     `registry`: role -> its registered model's name (cfg.train.registry), whose gate decisions end a pool."""
     if keep < 1:
         raise ValueError(f"keep {keep}: at least the newest finished iteration is kept")
-    dirs = Plan(storage_uri, keep, {}).iteration_dir
+    def dirs(n: int) -> str:
+        return _iteration_dir(storage_uri, n)
+
     numbers = sorted(int(d) for d in storage.subdirs(storage.join(storage_uri, ITERATIONS)) if d.isdigit())
     records = {n: IterationRecord.load(dirs(n)) for n in numbers}
     finished = [n for n in numbers if records[n] is not None and records[n].finished]
@@ -111,7 +114,7 @@ def plan(storage_uri: str, keep: int, registry: dict[str, str]) -> Plan:
     made_into = _referenced(storage_uri, roots, [f for n in numbers if n not in kept for f in found[n]])
     referenced = pooled | {uri: f"made into {by.removeprefix(storage_uri.rstrip('/') + '/')}"
                            for uri, by in made_into.items() if uri not in pooled}
-    out = Plan(storage_uri, keep, dict(sorted(kept.items())), referenced=referenced)
+    out = Plan(storage_uri, keep, dict(sorted(kept.items())), referenced=referenced, records=records)
     for n in finished:
         if n not in kept:
             out.pruned[n] = [f for f in found[n] if f.uri not in referenced]
@@ -169,7 +172,7 @@ def _trainings(cfg: Config, p: Plan) -> dict[int, dict[str, bool]]:
     MLflow run sits below its stage's (judge-sft), or below the iteration's: climbed up to the iteration's run."""
     from mlflow import MlflowClient
 
-    records = {n: IterationRecord.load(p.iteration_dir(n)) for n in {*p.kept, *p.pruned}}
+    records = {n: p.records.get(n) for n in {*p.kept, *p.pruned}}
     iteration_of = {r.run_id: n for n, r in records.items() if r is not None and r.run_id}
     client = MlflowClient(tracking_uri=cfg.tracking.uri)
     exp = client.get_experiment_by_name(cfg.experiment)
@@ -212,7 +215,7 @@ def prune(cfg: Config, keep: int | None = None) -> Plan:
         apply(p)
     client = MlflowClient(tracking_uri=cfg.tracking.uri)
     for n, gone in p.pruned.items():
-        record = IterationRecord.load(p.iteration_dir(n))
+        record = p.records.get(n)
         if (gone or p.runs.get(n)) and record is not None and record.run_id:
             went = json.loads(storage.read_bytes(storage.join(p.iteration_dir(n), MARKER)))
             mb = sum(d["bytes"] for part in ("datasets", "checkpoints") for d in went.get(part, {}).values()) / 1e6
@@ -258,6 +261,10 @@ def pruned_names(iteration_dir: str) -> dict[str, str]:
         return {}
     raw = json.loads(storage.read_bytes(marker))
     return {name: d["pruned_at"] for name, d in raw["datasets"].items()}
+
+
+def _iteration_dir(storage_uri: str, n: int) -> str:
+    return storage.join(storage_uri, ITERATIONS, f"{n:03d}")
 
 
 def _pooled(records: dict[int, IterationRecord | None], registry: dict[str, str]) -> Iterator[tuple[int, str]]:
