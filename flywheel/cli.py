@@ -312,7 +312,8 @@ def prune(config: ConfigOpt = Path("configs/local.yaml"), overrides: Overrides =
           as_json: Annotated[bool, typer.Option("--json", help="JSON instead of a table.")] = False) -> None:
     """Delete the datasets of old finished iterations that nothing reads any more: not those a kept dataset was
     made from, nor the preference data a pool may still read (flywheel/retention.py); and the checkpoints of the
-    trainings they registered. Records, MLflow runs and registered models stay."""
+    trainings they registered, with this node's local copies of the versions they registered that nothing kept uses.
+    Records, MLflow runs and registered models stay."""
     from flywheel import retention
     from flywheel.workdir_lock import WorkdirBusy
 
@@ -332,8 +333,7 @@ def prune(config: ConfigOpt = Path("configs/local.yaml"), overrides: Overrides =
         return
     console.print(retention.plan_table(p))
     verb = "deleted" if yes else "would be deleted (--yes deletes them)"
-    console.print(f"{p.datasets} datasets and {p.checkpoint_runs} training checkpoint runs, {p.bytes / 1e6:.1f} MB "
-                  f"{verb}; iterations kept whole: "
+    console.print(f"{p.counts()}, {p.bytes / 1e6:.1f} MB {verb}; iterations kept whole: "
                   f"{', '.join(map(str, p.kept)) or 'none'}")
 
 

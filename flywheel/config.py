@@ -70,9 +70,10 @@ class StorageConfig(StrictModel):
     keep_iterations: int | None = Field(
         None, ge=1,
         description="After each finished iteration, delete the datasets of finished iterations older than the newest "
-        "this many, except those a kept dataset was made from or a preference pool may still read, and the "
-        "checkpoints of the trainings they registered (flywheel/retention.py; `flywheel prune` shows what would "
-        "go). Null keeps everything.",
+        "this many, except those a kept dataset was made from or a preference pool may still read, the "
+        "checkpoints of the trainings they registered, and this node's local copies of those versions "
+        "(<workdir>/registry) that no kept iteration names and no alias points at (flywheel/retention.py; "
+        "`flywheel prune` shows what would go). Null keeps everything.",
     )
 
 

@@ -110,10 +110,10 @@ def _prune_after(cfg: Config, res: IterationResult) -> None:
         except Exception:  # noqa: BLE001 - MLflow may be what failed: the log above says it
             pass
         return
-    if p.datasets or p.checkpoint_runs:
-        log.info("retention: %d datasets and %d training checkpoint runs of iterations %s deleted (%.1f MB; "
-                 "storage.keep_iterations %d); kept whole: %s", p.datasets, p.checkpoint_runs, sorted(p.pruned),
-                 p.bytes / 1e6, p.keep, ", ".join(f"{k} ({why})" for k, why in p.kept.items()))
+    if p.datasets or p.checkpoint_runs or p.model_copies:
+        log.info("retention: %s of iterations %s deleted (%.1f MB; storage.keep_iterations %d); kept whole: %s",
+                 p.counts(), sorted(p.pruned), p.bytes / 1e6, p.keep,
+                 ", ".join(f"{k} ({why})" for k, why in p.kept.items()))
 
 
 def _run_iteration(cfg: Config, n: int, tracker: Tracker | None) -> IterationResult:

@@ -21,6 +21,7 @@ from flywheel.iteration import IterationResult, iteration_dir, paths, run_iterat
 from flywheel.iteration_record import IterationRecord
 from flywheel.records import write_dataset
 from flywheel.track import Tracker
+from flywheel.train import registry
 from flywheel.train.launcher import run_dir
 
 POLICY = "models:/policy-llava/1"
@@ -162,7 +163,8 @@ def test_prune_command_shows_the_plan_then_deletes_and_data_and_mlflow_say_so(st
     assert r.exit_code == 2 and "--keep N" in r.output
     r = CliRunner().invoke(app, ["prune", "--keep", "1", *over])
     assert r.exit_code == 0, r.output
-    assert "11 datasets and 1 training checkpoint runs" in r.output and "would be deleted (--yes" in r.output
+    assert "11 datasets, 1 training checkpoint runs and 0 local model copies" in r.output and \
+        "would be deleted (--yes" in r.output
     assert "pool" in r.output and "prompts (made into gold/id-test/prompts)" in r.output
     assert _exists(cfg, 2, "prompts")
     r = CliRunner().invoke(app, ["prune", "--keep", "1", "--json", *over])
@@ -172,16 +174,77 @@ def test_prune_command_shows_the_plan_then_deletes_and_data_and_mlflow_say_so(st
     assert shown["pruned"]["2"]["checkpoint_runs"] == ["judge-sft-b"] and len(shown["pruned"]["2"]["datasets"]) == 6
     assert shown["bytes"] == sum(v["bytes"] for v in shown["pruned"].values())
     r = CliRunner().invoke(app, ["prune", "--keep", "1", "--yes", *over])
-    assert r.exit_code == 0 and "11 datasets and 1 training" in r.output and " deleted;" in r.output, r.output
+    assert r.exit_code == 0 and "11 datasets, 1 training" in r.output and " deleted;" in r.output, r.output
     assert not _exists(cfg, 2, "prompts")
     r = CliRunner().invoke(app, ["data", "--iteration", "2", *over], terminal_width=250)
     assert r.exit_code == 0 and r.output.count("pruned 20") >= 4, r.output  # prompts, candidates, curated, pref-cur.
     r = CliRunner().invoke(app, ["data", "--iteration", "2", "--dataset", "curated/sft", *over], terminal_width=250)
     assert r.exit_code == 2 and "iteration 2's was deleted by retention at 20" in r.output, r.output
     tags = MlflowClient(cfg.tracking.uri).get_run(runs[2]).data.tags
-    assert "6 datasets and 1 training checkpoint runs deleted" in tags["flywheel.pruned"]
+    assert "6 datasets, 1 training checkpoint runs and 0 local model copies deleted" in tags["flywheel.pruned"]
     assert "keep_iterations 1" in tags["flywheel.pruned"]
     assert "flywheel.pruned" not in MlflowClient(cfg.tracking.uri).get_run(runs[4]).data.tags
+
+
+def _training_run(cfg, name: str, iteration_run: str) -> str:
+    """The MLflow run of Ray Train run `name` below iteration_run (as the store made it)."""
+    client = MlflowClient(cfg.tracking.uri)
+    exp = client.get_experiment_by_name(cfg.experiment).experiment_id
+    found = [r for r in client.search_runs([exp], f"tags.`flywheel.ray_train_run` = '{name}'")
+             if _below(client, r, iteration_run)]
+    assert len(found) == 1, name
+    return found[0].info.run_id
+
+
+def _below(client, run, top: str) -> bool:
+    while run is not None:
+        if run.info.run_id == top:
+            return True
+        up = run.data.tags.get("mlflow.parentRunId")
+        run = client.get_run(up) if up else None
+    return False
+
+
+def test_local_copies_of_versions_pruned_iterations_registered_go_unless_something_kept_names_them(store):
+    """<workdir>/registry holds the versions this node downloaded (and merged): a whole model each. Those the
+    pruned iterations registered go, but not one a kept iteration starts from or names in its gates, one an alias
+    points at, one a kept iteration registered, one no iteration registered, or a folder of another registry."""
+    cfg, runs = store
+    client = MlflowClient(cfg.tracking.uri)
+    a0, b2, d4 = (_training_run(cfg, name, runs[n]) for name, n in (("judge-sft-a", 0), ("judge-sft-b", 2),
+                                                                    ("judge-sft-d", 4)))
+    with mlflow.start_run() as manual:  # `flywheel train` by hand, outside any iteration
+        pass
+    client.create_registered_model("judge")
+    made_by = {1: a0, 2: b2, 3: b2, 4: b2, 5: d4, 6: manual.info.run_id}
+    for v, run_id in made_by.items():
+        assert int(client.create_model_version("judge", source=f"{cfg.run.workdir}/x", run_id=run_id).version) == v
+    client.set_registered_model_alias("judge", "champion", "4")
+    record = IterationRecord.load(iteration_dir(cfg, 4))  # its judge gate kept version 3 as champion
+    record.decisions.append({"model": "judge", "challenger": "models:/judge/5", "champion": "models:/judge/3"})
+    record.save(iteration_dir(cfg, 4))
+    root = registry.cache_root(cfg)
+    copies = {v: root / "judge" / f"{v}-{run_id}" for v, run_id in made_by.items()}
+    copies["stale"] = root / "judge" / "2-0123abcd"  # version 2 of another registry (a copied workdir)
+    for d in copies.values():
+        (d / "merged").mkdir(parents=True)
+        (d / "merged" / "model.safetensors").write_bytes(b"w" * 1000)
+
+    plan = retention.plan_for(cfg, 1)
+    # 1: every iteration's start model; 3: named by kept iteration 4's gate; 4: the champion; 5: kept iteration 4
+    # registered it; 6: no iteration did
+    assert plan.copies == {0: [], 1: [], 2: [str(copies[2])], 3: []}
+    assert plan.sizes[str(copies[2])] == 1000 and plan.model_copies == 1
+    assert retention.plan_json(plan)["pruned"][2]["model_copies"] == [f"judge/2-{b2}"]
+    assert copies[2].exists()  # planning deletes nothing
+
+    retention.prune(cfg, 1)
+    assert {k for k, d in copies.items() if d.exists()} == {1, 3, 4, 5, 6, "stale"}
+    marker = json.loads(storage.read_bytes(storage.join(iteration_dir(cfg, 2), retention.MARKER)))
+    assert marker["model_copies"][f"judge/2-{b2}"]["bytes"] == 1000
+    assert "1 local model copies deleted" in client.get_run(runs[2]).data.tags["flywheel.pruned"]
+    assert int(client.get_model_version("judge", "2").version) == 2  # the registered version itself stays
+    assert retention.plan_for(cfg, 1).model_copies == 0
 
 
 def test_prune_is_refused_while_an_iteration_runs(store):

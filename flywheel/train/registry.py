@@ -59,12 +59,17 @@ def get_version(cfg: Config, uri: str):
     return c.get_model_version_by_alias(name, alias) if alias else c.get_model_version(name, version)
 
 
+def cache_root(cfg: Config) -> Path:
+    """Where this node keeps its local copies of registered versions (downloaded, and merged if adapters)."""
+    return Path(cfg.run.workdir) / "registry"
+
+
 def _cache_dir(cfg: Config, mv) -> Path:
     """A version's local copy, named by its number AND the run that logged it: a version number alone names
     another model once the registry is another one (a workdir copied or seeded from another, a reset
     mlflow.db). That happened here: a workdir seeded with another's registry/ trained and evaluated that
     workdir's judge 1 in place of its own, silently."""
-    return Path(cfg.run.workdir) / "registry" / mv.name / f"{mv.version}-{mv.run_id}"
+    return cache_root(cfg) / mv.name / f"{mv.version}-{mv.run_id}"
 
 
 def _publish(tmp: Path, final: Path) -> None:
@@ -208,5 +213,6 @@ def describe(mv) -> str:
     return f"{REGISTRY_PREFIX}{mv.name}/{mv.version}"
 
 
-__all__ = ["client", "describe", "export_meta", "find_version", "get_version", "is_registry_uri", "latest_version",
-           "load_engine", "local_path", "materialize", "parse_uri", "register", "registered_name", "resolve_base"]
+__all__ = ["cache_root", "client", "describe", "export_meta", "find_version", "get_version", "is_registry_uri",
+           "latest_version", "load_engine", "local_path", "materialize", "parse_uri", "register", "registered_name",
+           "resolve_base"]

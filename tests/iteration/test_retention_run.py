@@ -5,6 +5,7 @@ iteration 0's prompts). The rules themselves are tested on hand-made stores in t
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from mlflow import MlflowClient
@@ -14,6 +15,7 @@ from flywheel.config import REPO_ROOT, load_config
 from flywheel.datasets import read_manifest, verify_dataset
 from flywheel.iteration import iteration_dir, paths
 from flywheel.iteration_record import IterationRecord
+from flywheel.train import registry
 from tiny_iteration import TINY
 
 pytestmark = pytest.mark.slow
@@ -55,8 +57,14 @@ def test_three_iterations_keep_one_whole_and_of_the_others_what_is_still_read(tm
     assert marker["kept"]["prompts"].startswith("made into gold/")
     assert marker["kept"]["pref-curated/pairs"] == "waits in the policy's preference pool"
     assert marker["checkpoints"]  # the judge trainings iteration 0 registered
+    # and this node's copy of the judge it registered (meta-evaluated; no judge DPO here: no DPO pairs), but not
+    # that of the one iteration 2 started from (registered by iteration 1)
+    assert len(marker["model_copies"]) == 1 and not any(Path(c["path"]).exists()
+                                                        for c in marker["model_copies"].values())
+    name, version, _ = registry.parse_uri(records[2].start["judge"])
+    assert list((registry.cache_root(cfg) / name).glob(f"{version}-*/export")), records[2].start
     client = MlflowClient(cfg.tracking.uri)
     for n in (0, 1):
-        assert "datasets and" in client.get_run(records[n].run_id).data.tags["flywheel.pruned"]
+        assert "local model copies deleted" in client.get_run(records[n].run_id).data.tags["flywheel.pruned"]
     assert "flywheel.pruned" not in client.get_run(records[2].run_id).data.tags
     assert retention.plan_for(cfg).datasets == 0
