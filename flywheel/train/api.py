@@ -21,7 +21,7 @@ import mlflow
 from flywheel.config import Config, ModelRef
 from flywheel.datasets import read_manifest
 from flywheel.train import registry
-from flywheel.train.config import TRAININGS
+from flywheel.train.config import HOW_NOT_WHAT, TRAININGS
 from flywheel.train.heldout_inputs import heldout_inputs, inputs_digest
 from flywheel.train.launcher import launch, prune_run
 from flywheel.train.worker import TrainJob
@@ -122,7 +122,8 @@ def train(cfg: Config, training: str, data: str, *, base: str | None = None, tra
     base, base_ver = base_version(cfg, base or default_base(cfg, training))
     settings = cfg.train.resolved(training, method)
     judge_ref = heldout_judge(cfg, training, settings)
-    keyed = {"training": training, "settings": settings.model_dump(mode="json"), "base": base,
+    what = settings.model_dump(mode="json", exclude=HOW_NOT_WHAT)
+    keyed = {"training": training, "settings": what, "base": base,
              "base_version": base_ver, "data": manifest.content_hash, "seed": cfg.run.seed,
              "workers": cfg.resources.train.actors}
     if judge_ref is not None:
@@ -145,7 +146,7 @@ def train(cfg: Config, training: str, data: str, *, base: str | None = None, tra
     lineage = {"training": training, "base_model": base, "base_model_version": base_ver, "data": data,
                "data_content_hash": manifest.content_hash, "data_kind": manifest.kind,
                "data_rows": manifest.row_count, "data_upstream": [u.model_dump() for u in manifest.upstream],
-               "config_hash": cfg.hash(), "train_config_hash": _hash(settings.model_dump(mode="json")),
+               "config_hash": cfg.hash(), "train_config_hash": _hash(what),
                "run_key": run_key, "run_name": name, "code_version": code_version(), "method": settings.method}
     tracker = tracker or Tracker(cfg)
     with ExitStack() as stack:

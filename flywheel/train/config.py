@@ -246,6 +246,12 @@ class TrainConfig(StrictModel):
         "by bench/train_settings.py (cache off vs on, one run, per-step losses bit-identical): local judge SFT "
         "0.227 -> 0.219 s per step (62% hits over 300 steps), policy DPO 0.137 -> 0.117 s (98%). A 7B VLM's "
         "image is ~1-2 MB of features: size it to the accelerator's spare memory.")
+    dataloader_workers: int = Field(
+        0, ge=0, description="Processes per training worker that collate its batches (the processor resizing and "
+        "normalising images, tokenising) while it trains; 0 collates in the training loop. The batches, and so "
+        "the training, are the same either way (not part of a training's identity). Collating is ~25% of a local "
+        "judge SFT step, but on 2 cores a process for it gains nothing (both are busy: docs/results.md); on a GPU "
+        "node with spare cores it keeps the GPU from waiting. Does not apply to diffusion_dpo.")
     judge_sft: SFTTrainingConfig = Field(SFTTrainingConfig(), description="Judge SFT (TRL SFTTrainer).")
     judge_dpo: DPOTrainingConfig = Field(DPOTrainingConfig(), description="Judge DPO from the SFT result "
                                          "(TRL DPOTrainer).")
@@ -306,6 +312,9 @@ class TrainConfig(StrictModel):
 
 
 TRAININGS = ("judge_sft", "judge_dpo", "policy_dpo", "diffusion_dpo")
+# Settings that change how a training runs, not what it learns: left out of its identity (flywheel/train/api.py
+# run_key), so changing them does not train again what is registered.
+HOW_NOT_WHAT = frozenset({"dataloader_workers"})
 
 
 class ResolvedTraining(BaseModel):
@@ -332,6 +341,7 @@ class ResolvedTraining(BaseModel):
     group_by_length: bool = Field(False, description="Batch rows of similar length.")
     freeze_vision: bool = Field(False, description="Keep the vision encoder and projector fixed (VLMs).")
     image_feature_cache_mb: int = Field(0, description="Per-image vision feature cache size (with freeze_vision).")
+    dataloader_workers: int = Field(0, description="Batch-collating processes per training worker.")
     completion_only_loss: bool | None = Field(None, description="SFT only.")
     beta: float | None = Field(None, description="DPO / Diffusion-DPO beta.")
     loss_type: list[str] | None = Field(None, description="DPO only.")

@@ -93,7 +93,9 @@ def trl_args(settings, output_dir: str, seed: int, dtype: str = "float32", **ext
         weight_decay=settings.weight_decay, max_grad_norm=settings.max_grad_norm,
         logging_steps=settings.logging_steps, save_strategy="steps", save_steps=settings.save_steps,
         save_total_limit=1, report_to=[], disable_tqdm=True, remove_unused_columns=False,
-        dataloader_num_workers=0, max_length=None, activation_checkpointing=False,
+        dataloader_num_workers=settings.dataloader_workers,
+        dataloader_persistent_workers=settings.dataloader_workers > 0,  # not forked again every epoch
+        max_length=None, activation_checkpointing=False,
         train_sampling_strategy="group_by_length" if settings.group_by_length else "random",
         length_column_name=LENGTH,
         use_cpu=not on_gpu(), bf16=on_gpu() and dtype == "bfloat16", fp16=False,

@@ -136,6 +136,30 @@ def test_judge_sft_then_judge_dpo_from_its_adapter(judge_sft, datasets):
     _ask(registry.load_engine(cfg, dpo.model_uri))
 
 
+def _losses(cfg, result) -> list[float]:
+    history = MlflowClient(cfg.tracking.uri).get_metric_history(result.mlflow_run_id, "loss")
+    return [m.value for m in sorted(history, key=lambda m: m.step)]
+
+
+@pytest.mark.parametrize("training, data", [
+    ("judge-sft", "sft"), pytest.param("policy-dpo", "policy_dpo", marks=pytest.mark.slow)])  # ~20 s each
+def test_batches_collated_in_worker_processes_train_the_same_and_are_the_same_training(ray_local, make_cfg,
+                                                                                       datasets, training, data):
+    """train.dataloader_workers: processes beside the Ray Train worker's loop collate its batches (images and
+    text through the processor). The same rows per step and the same losses as collating in the loop; and the
+    count is not part of the training's identity: the registered training is found, not trained again."""
+    own = [f"train.{training.replace('-', '_')}.max_steps=3", f"train.{training.replace('-', '_')}.lr=3e-4"]
+    plain_cfg = make_cfg(*own)
+    plain = train(plain_cfg, training, datasets[data])
+    cfg = make_cfg(*own, "train.dataloader_workers=2")
+    assert train(cfg, training, datasets[data]).model_uri == plain.model_uri
+    forked = train(cfg, training, datasets[data], fresh=True)
+    params = MlflowClient(cfg.tracking.uri).get_run(forked.mlflow_run_id).data.params
+    assert params["settings.dataloader_workers"] == "2"
+    assert [s["ids"] for s in forked.steps] == [s["ids"] for s in plain.steps] and len(plain.steps) == 3
+    assert _losses(cfg, forked) == pytest.approx(_losses(plain_cfg, plain), rel=1e-5) and _losses(cfg, forked)
+
+
 @pytest.mark.slow  # ~50 s on 2 cores
 def test_policy_dpo_through_the_cli(ray_local, overrides, make_cfg, datasets):
     from flywheel.train.cli import train_app

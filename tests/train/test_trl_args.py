@@ -17,3 +17,11 @@ def test_activation_checkpointing_is_off_under_its_current_name(cfg, tmp_path, c
         warnings.simplefilter("error", FutureWarning)
         args = config_cls(**hf.trl_args(cfg.train.resolved(training), str(tmp_path), seed=0))
     assert args.activation_checkpointing is False and args.gradient_checkpointing is False
+
+
+def test_dataloader_workers_collate_in_processes_kept_across_epochs(make_cfg, tmp_path):
+    settings = make_cfg("train.dataloader_workers=2").train.resolved("judge_sft")
+    args = SFTConfig(**hf.trl_args(settings, str(tmp_path), seed=0))
+    assert args.dataloader_num_workers == 2 and args.dataloader_persistent_workers
+    args = SFTConfig(**hf.trl_args(make_cfg().train.resolved("judge_sft"), str(tmp_path), seed=0))
+    assert args.dataloader_num_workers == 0 and not args.dataloader_persistent_workers
