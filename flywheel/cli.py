@@ -312,8 +312,8 @@ def prune(config: ConfigOpt = Path("configs/local.yaml"), overrides: Overrides =
           as_json: Annotated[bool, typer.Option("--json", help="JSON instead of a table.")] = False) -> None:
     """Delete the datasets of old finished iterations that nothing reads any more: not those a kept dataset was
     made from, nor the preference data a pool may still read (flywheel/retention.py); and the checkpoints of the
-    trainings they registered, with this node's local copies of the versions they registered that nothing kept uses.
-    Records, MLflow runs and registered models stay."""
+    trainings they registered, with this node's local copies of the versions they registered that nothing kept uses
+    and, with storage.prune_model_versions, those versions themselves. Records and MLflow runs stay."""
     from flywheel import retention
     from flywheel.workdir_lock import WorkdirBusy
 

@@ -75,6 +75,14 @@ class StorageConfig(StrictModel):
         "(<workdir>/registry) that no kept iteration names and no alias points at (flywheel/retention.py; "
         "`flywheel prune` shows what would go). Null keeps everything.",
     )
+    prune_model_versions: bool = Field(
+        False, description="With keep_iterations, also delete the registered model versions pruned iterations made "
+        "(their weights in MLflow's artifact store, and the registry entry) unless a kept iteration names them "
+        "(start models, its gates' challengers and champions), an alias points at them or a gate ever promoted "
+        "them: the judge SFT versions judge DPO started from, refused challengers, superseded lineage heads. Their "
+        "training runs stay, with metrics, logs and lineage tags (tagged flywheel.weights_pruned). A version "
+        "with save_merged holds a whole model: at 7B the largest thing an iteration leaves.",
+    )
 
 
 class TrackingConfig(StrictModel):

@@ -110,7 +110,7 @@ def _prune_after(cfg: Config, res: IterationResult) -> None:
         except Exception:  # noqa: BLE001 - MLflow may be what failed: the log above says it
             pass
         return
-    if p.datasets or p.checkpoint_runs or p.model_copies:
+    if p.deletes:
         log.info("retention: %s of iterations %s deleted (%.1f MB; storage.keep_iterations %d); kept whole: %s",
                  p.counts(), sorted(p.pruned), p.bytes / 1e6, p.keep,
                  ", ".join(f"{k} ({why})" for k, why in p.kept.items()))

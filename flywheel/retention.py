@@ -10,10 +10,9 @@ So `plan` keeps whole the newest `keep` finished iterations and every unfinished
 the preference data a pool may read, and every dataset anything kept names upstream (matched by its path below the
 storage root, so a store that moved still matches), transitively; their other datasets go, with any attempt that
 never wrote its manifest. What a pruned iteration keeps beside them (its record, stage clock) is what reports,
-pools and resumes read; its `pruned.json` says what went and when. MLflow runs keep their artifacts and registered
-models their weights: neither is touched. `plan_for` adds the checkpoints of the trainings pruned iterations
-registered, and this node's local copies of the versions they registered (`<workdir>/registry`) that nothing kept
-uses.
+pools and resumes read; its `pruned.json` says what went and when. MLflow runs keep their artifacts. `plan_for`
+adds the checkpoints of the trainings pruned iterations registered, this node's local copies of the versions they
+registered and, with storage.prune_model_versions, those versions themselves (flywheel/retention_models.py).
 """
 
 from __future__ import annotations
@@ -23,16 +22,15 @@ import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from pathlib import Path
 
 import pyarrow.fs as pafs
 
-from flywheel import storage, workdir_lock
+from flywheel import retention_models, storage, workdir_lock
 from flywheel.config import Config
 from flywheel.datasets import MANIFEST, Manifest, ManifestMismatch, read_manifest
 from flywheel.iteration_record import IterationRecord
 from flywheel.preference_pool import pooled_iterations
-from flywheel.train import registry
+from flywheel.retention_models import LocalCopy, Version
 from flywheel.train.launcher import run_dir
 
 log = logging.getLogger(__name__)
@@ -43,6 +41,7 @@ POOLED_ROLES = ("policy", "generator")
 # what a pool reads of an earlier iteration: its pairs, and to rank its samples again (preferences.relabel_pool)
 # their prompts and candidates; relabelled pairs go to pref-relabel (flywheel/iteration.py _pool, _relabel)
 POOL_READS = ("pref-prompts", "pref-candidates", "pref-curated", "pref-relabel")
+WENT = ("datasets", "checkpoints", "model_copies", "model_versions")  # the parts of pruned.json
 
 
 class UnreadableManifest(RuntimeError):
@@ -66,7 +65,9 @@ class Plan:
     # iteration -> the Ray Train run folders (checkpoints) of its registered trainings that go (plan_for)
     runs: dict[int, list[str]] = field(default_factory=dict)
     # iteration -> the local copies (<workdir>/registry/<name>/<version>-<run>) of versions it registered that go
-    copies: dict[int, list[str]] = field(default_factory=dict)
+    copies: dict[int, list[LocalCopy]] = field(default_factory=dict)
+    # iteration -> the registered versions it made that go (storage.prune_model_versions)
+    versions: dict[int, list[Version]] = field(default_factory=dict)
     sizes: dict[str, int] = field(default_factory=dict)  # uri of what goes -> its bytes
     when: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
     records: dict[int, IterationRecord | None] = field(default_factory=dict)  # as plan read them
@@ -87,16 +88,26 @@ class Plan:
     def model_copies(self) -> int:
         return sum(len(v) for v in self.copies.values())
 
+    @property
+    def model_versions(self) -> int:
+        return sum(len(v) for v in self.versions.values())
+
+    @property
+    def deletes(self) -> bool:
+        return any(self.going(n) for n in self.pruned)
+
     def counts(self) -> str:
-        return (f"{self.datasets} datasets, {self.checkpoint_runs} training checkpoint runs and {self.model_copies} "
-                f"local model copies")
+        return (f"{self.datasets} datasets, {self.checkpoint_runs} training checkpoint runs, {self.model_copies} "
+                f"local model copies and {self.model_versions} registered model versions")
 
     def iteration_dir(self, n: int) -> str:
         return _iteration_dir(self.root, n)
 
     def going(self, n: int) -> list[str]:
-        """The URIs iteration n loses: its datasets, its trainings' checkpoint runs, their versions' local copies."""
-        return [*(f.uri for f in self.pruned.get(n, [])), *self.runs.get(n, []), *self.copies.get(n, [])]
+        """The URIs iteration n loses: its datasets, its trainings' checkpoint runs, their versions' local copies
+        and weights."""
+        return [*(f.uri for f in self.pruned.get(n, [])), *self.runs.get(n, []),
+                *(str(c.path) for c in self.copies.get(n, [])), *(v.source for v in self.versions.get(n, []))]
 
     def bytes_of(self, n: int) -> int:
         return sum(self.sizes[uri] for uri in self.going(n))
@@ -135,11 +146,14 @@ def plan(storage_uri: str, keep: int, registry: dict[str, str]) -> Plan:
     return out
 
 
-def apply(p: Plan) -> None:
-    """Delete what `p` prunes and note it in each pruned iteration's pruned.json (added to an earlier prune's)."""
+def apply(p: Plan, cfg: Config | None = None) -> None:
+    """Delete what `p` prunes and note it in each pruned iteration's pruned.json (added to an earlier prune's);
+    `cfg` names the registry its registered versions are deleted from."""
+    if p.model_versions and cfg is None:
+        raise ValueError("the plan deletes registered versions: apply(plan, cfg) names their registry")
     for n, gone in p.pruned.items():
-        runs, copies = p.runs.get(n, []), p.copies.get(n, [])
-        if not gone and not runs and not copies:
+        runs, copies, versions = p.runs.get(n, []), p.copies.get(n, []), p.versions.get(n, [])
+        if not p.going(n):
             continue
         it_dir = p.iteration_dir(n)
         marker = storage.join(it_dir, MARKER)
@@ -150,144 +164,61 @@ def apply(p: Plan) -> None:
         before["checkpoints"] = before.get("checkpoints", {}) | {
             storage.name(uri): {"uri": uri, "bytes": p.sizes[uri], "pruned_at": p.when} for uri in runs}
         before["model_copies"] = before.get("model_copies", {}) | {
-            _copy_name(uri): {"path": uri, "bytes": p.sizes[uri], "pruned_at": p.when} for uri in copies}
+            c.label(): {"path": str(c.path), "bytes": p.sizes[str(c.path)], "pruned_at": p.when} for c in copies}
+        before["model_versions"] = before.get("model_versions", {}) | {
+            v.label(): {"source": v.source, "run_id": v.run_id, "bytes": p.sizes[v.source], "pruned_at": p.when}
+            for v in versions}
         before |= {"pruned_at": p.when, "keep_iterations": p.keep,
                    "kept": {f.name: by for f in _walk(it_dir, "") if (by := p.referenced.get(f.uri))}}
         storage.write_bytes(marker, json.dumps(before, indent=1).encode())  # first: a prune killed midway is named
         for f in gone:
             storage.remove_dir(f.uri)
             _remove_empty_parents(it_dir, f.name)
-        for uri in [*runs, *copies]:
+        for uri in [*runs, *(str(c.path) for c in copies)]:
             storage.remove_dir(uri)
-        log.info("retention: iteration %d: %d datasets, %d training checkpoint runs and %d local model copies "
-                 "deleted (%.1f MB)", n, len(gone), len(runs), len(copies), p.bytes_of(n) / 1e6)
+        for v in versions:
+            retention_models.delete_version(cfg, v)
+        log.info("retention: iteration %d: %d datasets, %d training checkpoint runs, %d local model copies and %d "
+                 "registered versions deleted (%.1f MB)", n, len(gone), len(runs), len(copies), len(versions),
+                 p.bytes_of(n) / 1e6)
 
 
 def plan_for(cfg: Config, keep: int | None = None) -> Plan:
     """`plan` for the config's storage, keeping `keep` (default storage.keep_iterations) finished iterations, and
-    what the trainings of pruned iterations left beside their registered versions:
+    what the trainings of pruned iterations left (flywheel/retention_models.py):
     - their Ray Train checkpoints: a registered version's weights are in MLflow (an identical training reuses
       it), so its run's final checkpoint (train.prune_registered keeps it) is a second copy - of a whole SDXL UNet,
       say. A run a kept iteration also names stays;
-    - this node's local copies of those versions (`<workdir>/registry`: downloaded to load, and merged into their
-      base when they are adapters - a whole 7B model each), unless a kept iteration names the version (its start
-      models, its gates' challengers and champions) or an alias points at it (champion, lineage). They are
-      copies: a version needed again is downloaded again from MLflow."""
+    - this node's local copies of the versions they registered (`<workdir>/registry`: downloaded to load, and
+      merged into their base when they are adapters - a whole 7B model each), unless a kept iteration names the
+      version (its start models, its gates' challengers and champions) or an alias points at it (champion,
+      lineage). They are copies: a version needed again is downloaded again from MLflow;
+    - with storage.prune_model_versions, those versions themselves (their weights in MLflow and their registry
+      entry) on the same terms, and unless a gate ever promoted them."""
     keep = keep or cfg.storage.keep_iterations
     if keep is None:
         raise ValueError("how many finished iterations to keep: storage.keep_iterations is not set")
     p = plan(cfg.storage.uri, keep, {role: getattr(cfg.train.registry, role) for role in POOLED_ROLES})
-    trained = _trainings(cfg, p)
-    in_use = {name for n in p.kept for name in trained[n]}
-    copies = _local_copies(cfg)
-    wanted = _versions_in_use(cfg, p, copies)
+    trained = retention_models.trainings(cfg, {n: p.records.get(n) for n in {*p.kept, *p.pruned}})
+    ran_by_kept = {name for n in p.kept for name in trained[n]}
+    mine = {n: {run_id for ids in trained[n].values() for run_id in ids} for n in p.pruned}
+    copies = retention_models.local_copies(cfg)
+    versions = retention_models.versions(cfg) if cfg.storage.prune_model_versions else []
+    in_use = retention_models.in_use(cfg, p.records, p.kept, {c.name for c in copies} | {v.name for v in versions})
+    keep_versions = in_use | retention_models.promoted(p.records)
+    going = [v for v in versions if not retention_models.wanted((v.name, v.version), keep_versions)
+             and any(v.run_id in ids for ids in mine.values())]
+    # weights another version also points at stay (one training registers one version: not seen, but cheap)
+    shared = {v.source for v in versions if v not in going}
     for n in p.pruned:
-        gone = [run_dir(cfg, name) for name, registered in sorted(trained[n].items())
-                if registered and name not in in_use and storage.exists(run_dir(cfg, name))]
-        p.runs[n] = gone
-        mine = {run_id for ids in trained[n].values() for run_id in ids}
-        p.copies[n] = [str(c.path) for c in copies if c.run_id in mine and (c.name, c.version) not in wanted]
-        p.sizes |= {uri: _bytes(uri) for uri in [*gone, *p.copies[n]]}
+        p.runs[n] = [run_dir(cfg, name) for name, registered in sorted(trained[n].items())
+                     if registered and name not in ran_by_kept and storage.exists(run_dir(cfg, name))]
+        p.copies[n] = [c for c in copies if c.run_id in mine[n]
+                       and not retention_models.wanted((c.name, c.version), in_use)]
+        p.versions[n] = [v for v in going if v.run_id in mine[n] and v.source not in shared]
+        p.sizes |= {uri: _bytes(uri) for uri in [*p.runs[n], *(str(c.path) for c in p.copies[n])]}
+        p.sizes |= {v.source: retention_models.artifact_bytes(v.source) for v in p.versions[n]}
     return p
-
-
-@dataclass(frozen=True)
-class LocalCopy:
-    name: str  # the registered model
-    version: str
-    run_id: str  # the MLflow run that registered it
-    path: Path
-
-
-def _local_copies(cfg: Config) -> list[LocalCopy]:
-    """The versions copied to this node's <workdir>/registry (registry.materialize names them <version>-<run id>)."""
-    root = registry.cache_root(cfg)
-    out = []
-    for model in sorted(root.iterdir()) if root.is_dir() else []:
-        for d in sorted(model.iterdir()) if model.is_dir() else []:
-            version, sep, run_id = d.name.partition("-")
-            if sep and version.isdigit() and d.is_dir():
-                out.append(LocalCopy(model.name, version, run_id, d))
-    return out
-
-
-def _versions_in_use(cfg: Config, p: Plan, copies: list[LocalCopy]) -> set[tuple[str, str]]:
-    """(name, version) of the copied versions a kept iteration names (start models, its gates' challengers and
-    champions) or an alias points at; every copy of a model whose aliases cannot be read."""
-    client = registry.client(cfg)
-    refs = [ref for n in p.kept if (r := p.records.get(n)) is not None
-            for ref in [*r.start.values(), *_strings(r.decisions)] if registry.is_registry_uri(ref)]
-    out = set()
-    for ref in refs:
-        try:
-            name, version, alias = registry.parse_uri(ref)
-            out.add((name, version or str(client.get_model_version_by_alias(name, alias).version)))
-        except Exception:  # noqa: BLE001 - not a version reference, or an alias no longer set: names nothing
-            continue
-    for name in sorted({c.name for c in copies}):
-        try:
-            aliases = client.get_registered_model(name).aliases
-        except Exception as e:  # noqa: BLE001 - unknown here: keep every copy of that model
-            log.warning("retention: registered model %s not read (%s): its local copies stay", name, e)
-            out |= {(c.name, c.version) for c in copies if c.name == name}
-            continue
-        out |= {(name, str(v)) for v in aliases.values()}
-    return out
-
-
-def _strings(value) -> list[str]:
-    """Every string in a nest of dicts and lists (a gate decision's model references)."""
-    if isinstance(value, str):
-        return [value]
-    if isinstance(value, dict):
-        return [s for v in value.values() for s in _strings(v)]
-    if isinstance(value, list | tuple):
-        return [s for v in value for s in _strings(v)]
-    return []
-
-
-def _copy_name(path: str) -> str:
-    """judge/3-<run id> for <workdir>/registry/judge/3-<run id>."""
-    return "/".join(path.rstrip("/").split("/")[-2:])
-
-
-def _trainings(cfg: Config, p: Plan) -> dict[int, dict[str, list[str]]]:
-    """iteration -> the Ray Train runs its training stages ran, each with the MLflow runs of it that registered a
-    version (none: never registered). A training's MLflow run sits below its stage's (judge-sft), or below the
-    iteration's: climbed up to the iteration's run."""
-    from mlflow import MlflowClient
-
-    records = {n: p.records.get(n) for n in {*p.kept, *p.pruned}}
-    iteration_of = {r.run_id: n for n, r in records.items() if r is not None and r.run_id}
-    client = MlflowClient(tracking_uri=cfg.tracking.uri)
-    exp = client.get_experiment_by_name(cfg.experiment)
-    out: dict[int, dict[str, list[str]]] = {n: {} for n in records}
-    if exp is None or not iteration_of:
-        return out
-    parents: dict[str, str | None] = {}
-    token = None
-    while True:
-        page = client.search_runs([exp.experiment_id], "tags.`flywheel.ray_train_run` LIKE '%'", max_results=1000,
-                                  page_token=token)
-        for r in page:
-            up = r.data.tags.get("mlflow.parentRunId")
-            for _ in range(3):  # training -> stage -> iteration at most
-                if up is None or up in iteration_of:
-                    break
-                if up not in parents:
-                    try:
-                        parents[up] = client.get_run(up).data.tags.get("mlflow.parentRunId")
-                    except Exception:  # noqa: BLE001 - a run deleted from MLflow: its trainings stay unknown
-                        parents[up] = None
-                up = parents[up]
-            if up in iteration_of:
-                name = r.data.tags["flywheel.ray_train_run"]
-                registered = out[iteration_of[up]].setdefault(name, [])
-                if "flywheel.model_version" in r.data.tags:
-                    registered.append(r.info.run_id)
-        token = page.token
-        if not token:
-            return out
 
 
 def prune(cfg: Config, keep: int | None = None) -> Plan:
@@ -298,20 +229,20 @@ def prune(cfg: Config, keep: int | None = None) -> Plan:
 
     with workdir_lock.holding(cfg.run.workdir, "retention"):
         p = plan_for(cfg, keep)
-        apply(p)
+        apply(p, cfg)
     client = MlflowClient(tracking_uri=cfg.tracking.uri)
     for n, gone in p.pruned.items():
         record = p.records.get(n)
         if p.going(n) and record is not None and record.run_id:
             went = json.loads(storage.read_bytes(storage.join(p.iteration_dir(n), MARKER)))
-            parts = ("datasets", "checkpoints", "model_copies")
-            mb = sum(d["bytes"] for part in parts for d in went.get(part, {}).values()) / 1e6
+            count = {part: len(went.get(part, {})) for part in WENT}
+            mb = sum(d["bytes"] for part in WENT for d in went.get(part, {}).values()) / 1e6
             try:  # what went in every prune so far, as pruned.json has it
-                client.set_tag(record.run_id, "flywheel.pruned", f"{p.when}: {len(went['datasets'])} datasets, "
-                               f"{len(went.get('checkpoints', {}))} training checkpoint runs and "
-                               f"{len(went.get('model_copies', {}))} local model copies deleted ({mb:.1f} MB; "
-                               f"storage.keep_iterations {p.keep}); `flywheel data --iteration {n}` lists what is "
-                               "left")
+                client.set_tag(record.run_id, "flywheel.pruned", f"{p.when}: {count['datasets']} datasets, "
+                               f"{count['checkpoints']} training checkpoint runs, {count['model_copies']} local "
+                               f"model copies and {count['model_versions']} registered model versions deleted "
+                               f"({mb:.1f} MB; storage.keep_iterations {p.keep}); `flywheel data --iteration {n}` "
+                               "lists what is left")
             except Exception as e:  # noqa: BLE001 - a run deleted from MLflow: the data went all the same
                 log.warning("retention: iteration %d's MLflow run %s not tagged: %s", n, record.run_id, e)
     return p
@@ -320,7 +251,8 @@ def prune(cfg: Config, keep: int | None = None) -> Plan:
 def plan_json(p: Plan) -> dict:
     """The plan as data: what each iteration keeps or loses, with the bytes and the reasons."""
     pruned = {n: {"datasets": [f.name for f in gone], "checkpoint_runs": [storage.name(u) for u in p.runs.get(n, [])],
-                  "model_copies": [_copy_name(u) for u in p.copies.get(n, [])], "bytes": p.bytes_of(n)}
+                  "model_copies": [c.label() for c in p.copies.get(n, [])],
+                  "model_versions": [v.label() for v in p.versions.get(n, [])], "bytes": p.bytes_of(n)}
               for n, gone in p.pruned.items()}
     return {"keep": p.keep, "bytes": p.bytes, "kept": p.kept, "pruned": pruned, "stays": p.referenced}
 
@@ -339,7 +271,7 @@ def plan_table(p: Plan):
         here = p.iteration_dir(n) + "/"
         stays = [f"{uri[len(here):]} ({why})" for uri, why in p.referenced.items() if uri.startswith(here)]
         table.add_row(str(n), f"{len(p.pruned[n])} datasets, {len(p.runs.get(n, []))} checkpoint runs, "
-                      f"{len(p.copies.get(n, []))} model copies go",
+                      f"{len(p.copies.get(n, []))} model copies, {len(p.versions.get(n, []))} versions go",
                       f"{p.bytes_of(n) / 1e6:.1f}", "; ".join(stays))
     return table
 

@@ -163,8 +163,8 @@ def test_prune_command_shows_the_plan_then_deletes_and_data_and_mlflow_say_so(st
     assert r.exit_code == 2 and "--keep N" in r.output
     r = CliRunner().invoke(app, ["prune", "--keep", "1", *over])
     assert r.exit_code == 0, r.output
-    assert "11 datasets, 1 training checkpoint runs and 0 local model copies" in r.output and \
-        "would be deleted (--yes" in r.output
+    assert "11 datasets, 1 training checkpoint runs, 0 local model copies and 0 registered model versions" in \
+        r.output and "would be deleted (--yes" in r.output
     assert "pool" in r.output and "prompts (made into gold/id-test/prompts)" in r.output
     assert _exists(cfg, 2, "prompts")
     r = CliRunner().invoke(app, ["prune", "--keep", "1", "--json", *over])
@@ -181,7 +181,8 @@ def test_prune_command_shows_the_plan_then_deletes_and_data_and_mlflow_say_so(st
     r = CliRunner().invoke(app, ["data", "--iteration", "2", "--dataset", "curated/sft", *over], terminal_width=250)
     assert r.exit_code == 2 and "iteration 2's was deleted by retention at 20" in r.output, r.output
     tags = MlflowClient(cfg.tracking.uri).get_run(runs[2]).data.tags
-    assert "6 datasets, 1 training checkpoint runs and 0 local model copies deleted" in tags["flywheel.pruned"]
+    assert "6 datasets, 1 training checkpoint runs, 0 local model copies and 0 registered model versions deleted" \
+        in tags["flywheel.pruned"]
     assert "keep_iterations 1" in tags["flywheel.pruned"]
     assert "flywheel.pruned" not in MlflowClient(cfg.tracking.uri).get_run(runs[4]).data.tags
 
@@ -205,46 +206,97 @@ def _below(client, run, top: str) -> bool:
     return False
 
 
-def test_local_copies_of_versions_pruned_iterations_registered_go_unless_something_kept_names_them(store):
-    """<workdir>/registry holds the versions this node downloaded (and merged): a whole model each. Those the
-    pruned iterations registered go, but not one a kept iteration starts from or names in its gates, one an alias
-    points at, one a kept iteration registered, one no iteration registered, or a folder of another registry."""
+@pytest.fixture
+def versions(store, tmp_path):
+    """Registered versions of "judge", each with its weights (export/, 1,000 bytes) on its training's run and a
+    local copy in <workdir>/registry: 1 by iteration 0 (every iteration's start model); 2, 3, 4, 7, 8 and 9 by
+    iteration 2 (3 named by kept iteration 4's gate, 4 the champion, 7 promoted by iteration 2's gate, 9 the
+    lineage head, 8 registered from 9's run: the same weights); 5 by kept iteration 4; 6 by a run outside the
+    iterations (`flywheel train` by hand). A folder of another registry's version 2 sits beside them."""
     cfg, runs = store
     client = MlflowClient(cfg.tracking.uri)
-    a0, b2, d4 = (_training_run(cfg, name, runs[n]) for name, n in (("judge-sft-a", 0), ("judge-sft-b", 2),
-                                                                    ("judge-sft-d", 4)))
-    with mlflow.start_run() as manual:  # `flywheel train` by hand, outside any iteration
+    exp = client.get_experiment_by_name(cfg.experiment).experiment_id
+
+    def training_run(n: int, name: str) -> str:  # a registered training below iteration n's run
+        return client.create_run(exp, tags={"mlflow.parentRunId": runs[n], "flywheel.ray_train_run": name,
+                                            "flywheel.model_version": "models:/judge/?"}).info.run_id
+
+    with mlflow.start_run() as manual:
         pass
+    shared = training_run(2, "judge-dpo-9")
+    made_by = {1: _training_run(cfg, "judge-sft-a", runs[0]), 5: _training_run(cfg, "judge-sft-d", runs[4]),
+               6: manual.info.run_id, 8: shared, 9: shared}
+    made_by |= {v: training_run(2, f"judge-dpo-{v}") for v in (2, 3, 4, 7)}
+    weights = tmp_path / "export"
+    weights.mkdir()
+    (weights / "model.safetensors").write_bytes(b"w" * 1000)
     client.create_registered_model("judge")
-    made_by = {1: a0, 2: b2, 3: b2, 4: b2, 5: d4, 6: manual.info.run_id}
-    for v, run_id in made_by.items():
-        assert int(client.create_model_version("judge", source=f"{cfg.run.workdir}/x", run_id=run_id).version) == v
-    client.set_registered_model_alias("judge", "champion", "4")
-    record = IterationRecord.load(iteration_dir(cfg, 4))  # its judge gate kept version 3 as champion
-    record.decisions.append({"model": "judge", "challenger": "models:/judge/5", "champion": "models:/judge/3"})
-    record.save(iteration_dir(cfg, 4))
     root = registry.cache_root(cfg)
-    copies = {v: root / "judge" / f"{v}-{run_id}" for v, run_id in made_by.items()}
-    copies["stale"] = root / "judge" / "2-0123abcd"  # version 2 of another registry (a copied workdir)
+    copies = {"stale": root / "judge" / "2-0123abcd"}  # version 2 of another registry (a copied workdir)
+    for v in sorted(made_by):
+        run_id = made_by[v]
+        client.log_artifacts(run_id, str(weights), "export")
+        source = f"{client.get_run(run_id).info.artifact_uri}/export"
+        assert int(client.create_model_version("judge", source=source, run_id=run_id).version) == v
+        copies[v] = root / "judge" / f"{v}-{run_id}"
     for d in copies.values():
         (d / "merged").mkdir(parents=True)
         (d / "merged" / "model.safetensors").write_bytes(b"w" * 1000)
+    client.set_registered_model_alias("judge", "champion", "4")
+    client.set_registered_model_alias("judge", "lineage", "9")
+    for n, decision in ((4, {"model": "judge", "challenger": "models:/judge/5", "champion": "models:/judge/3"}),
+                        (2, {"model": "judge", "challenger": "models:/judge/7", "promoted": True})):
+        record = IterationRecord.load(iteration_dir(cfg, n))
+        record.decisions.append(decision)
+        record.save(iteration_dir(cfg, n))
+    return cfg, runs, made_by, copies
 
+
+def test_local_copies_of_versions_pruned_iterations_registered_go_unless_something_kept_names_them(versions):
+    """<workdir>/registry holds the versions this node downloaded (and merged): a whole model each. Those the
+    pruned iterations registered go, but not one a kept iteration starts from or names in its gates, one an alias
+    points at, one a kept iteration registered, one no iteration registered, or a folder of another registry."""
+    cfg, runs, made_by, copies = versions
     plan = retention.plan_for(cfg, 1)
-    # 1: every iteration's start model; 3: named by kept iteration 4's gate; 4: the champion; 5: kept iteration 4
-    # registered it; 6: no iteration did
-    assert plan.copies == {0: [], 1: [], 2: [str(copies[2])], 3: []}
-    assert plan.sizes[str(copies[2])] == 1000 and plan.model_copies == 1
-    assert retention.plan_json(plan)["pruned"][2]["model_copies"] == [f"judge/2-{b2}"]
+    going = [copies[v] for v in (2, 7, 8)]  # 7: promoted once, but nothing uses it now; 8: unused
+    assert {n: [c.path for c in cs] for n, cs in plan.copies.items()} == {0: [], 1: [], 2: going, 3: []}
+    assert plan.sizes[str(copies[2])] == 1000 and plan.model_copies == 3 and plan.model_versions == 0
+    assert retention.plan_json(plan)["pruned"][2]["model_copies"] == [f"judge/{v}-{made_by[v]}" for v in (2, 7, 8)]
     assert copies[2].exists()  # planning deletes nothing
 
     retention.prune(cfg, 1)
-    assert {k for k, d in copies.items() if d.exists()} == {1, 3, 4, 5, 6, "stale"}
+    assert {k for k, d in copies.items() if d.exists()} == {1, 3, 4, 5, 6, 9, "stale"}
     marker = json.loads(storage.read_bytes(storage.join(iteration_dir(cfg, 2), retention.MARKER)))
-    assert marker["model_copies"][f"judge/2-{b2}"]["bytes"] == 1000
-    assert "1 local model copies deleted" in client.get_run(runs[2]).data.tags["flywheel.pruned"]
-    assert int(client.get_model_version("judge", "2").version) == 2  # the registered version itself stays
+    assert marker["model_copies"][f"judge/2-{made_by[2]}"]["bytes"] == 1000
+    client = MlflowClient(cfg.tracking.uri)
+    assert "3 local model copies" in client.get_run(runs[2]).data.tags["flywheel.pruned"]
+    assert len(client.search_model_versions("name='judge'")) == 9  # the registered versions stay
     assert retention.plan_for(cfg, 1).model_copies == 0
+
+
+def test_registered_versions_go_with_storage_prune_model_versions_unless_used_promoted_or_sharing_weights(versions):
+    """storage.prune_model_versions: a version pruned iterations made goes from the registry and its weights from
+    MLflow's artifact store, its training run stays (tagged); on the local copies' terms, and never one a gate
+    promoted, nor one whose weights another version points at."""
+    _, runs, made_by, copies = versions
+    cfg = load_config(None, [f"run.workdir={copies[1].parents[2]}", "storage.prune_model_versions=true"])
+    client = MlflowClient(cfg.tracking.uri)
+    plan = retention.plan_for(cfg, 1)
+    assert {n: [v.label() for v in vs] for n, vs in plan.versions.items()} == {0: [], 1: [], 2: ["judge/2"], 3: []}
+    source = client.get_model_version("judge", "2").source
+    assert plan.sizes[source] == 1000 and plan.bytes_of(2) >= 3 * 1000
+
+    retention.prune(cfg, 1)
+    assert sorted(int(v.version) for v in client.search_model_versions("name='judge'")) == [1, 3, 4, 5, 6, 7, 8, 9]
+    assert client.list_artifacts(made_by[2], "export") == []  # its weights went
+    assert [f.path for f in client.list_artifacts(made_by[7], "export")] == ["export/model.safetensors"]
+    trained = client.get_run(made_by[2])  # the training run stays, with its lineage
+    assert "deleted by retention" in trained.data.tags["flywheel.weights_pruned"]
+    marker = json.loads(storage.read_bytes(storage.join(iteration_dir(cfg, 2), retention.MARKER)))
+    assert marker["model_versions"]["judge/2"] == {"source": source, "run_id": made_by[2], "bytes": 1000,
+                                                   "pruned_at": marker["pruned_at"]}
+    assert "1 registered model versions deleted" in client.get_run(runs[2]).data.tags["flywheel.pruned"]
+    assert retention.plan_for(cfg, 1).model_versions == 0
 
 
 def test_prune_is_refused_while_an_iteration_runs(store):
