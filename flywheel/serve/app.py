@@ -356,9 +356,9 @@ def deploy(cfg: Config) -> Deployed:
 
 def _run_app(cfg: Config, app) -> None:
     """serve.run, which waits for every replica to be up for ever: on a fixed cluster with no node for one, a hang.
-    With ray.wait_for_actors_s the app is deployed without that wait (Serve's own `_run`, which serve.run calls
-    with `_blocking=True`; no public call deploys without waiting) and waited for here at most that long (a
-    replica loading its model counts, as a Ray Data actor's does); past it the app is deleted and
+    With ray.wait_for_actors_s the app is deployed without that wait (`serve.run_many`, Serve's developer API,
+    with wait_for_applications_running=False: serve.run has no such switch) and waited for here at most that long
+    (a replica loading its model counts, as a Ray Data actor's does); past it the app is deleted and
     ActorsDidNotStart names the ask and what Serve said."""
     from flywheel.raycluster import ActorsDidNotStart, actor_ask, ask_text
 
@@ -366,7 +366,8 @@ def _run_app(cfg: Config, app) -> None:
     if wait is None:
         serve.run(app, name=s.app_name, route_prefix=s.route_prefix)
         return
-    serve._run(app, _blocking=False, name=s.app_name, route_prefix=s.route_prefix)
+    serve.run_many([serve.RunTarget(app, name=s.app_name, route_prefix=s.route_prefix)],
+                   wait_for_applications_running=False)
     deadline = time.monotonic() + wait
     while (st := serve.status().applications.get(s.app_name)) is None or st.status != "RUNNING":
         said = "" if st is None else "; ".join(m for m in [st.message, *(d.message for d in st.deployments.values())]

@@ -65,6 +65,7 @@ def test_three_iterations_keep_one_whole_and_of_the_others_what_is_still_read(tm
     assert list((registry.cache_root(cfg) / name).glob(f"{version}-*/export")), records[2].start
     client = MlflowClient(cfg.tracking.uri)
     for n in (0, 1):
-        assert "local model copies deleted" in client.get_run(records[n].run_id).data.tags["flywheel.pruned"]
+        assert "local model copies and 0 registered model versions deleted" in \
+            client.get_run(records[n].run_id).data.tags["flywheel.pruned"]
     assert "flywheel.pruned" not in client.get_run(records[2].run_id).data.tags
     assert retention.plan_for(cfg).datasets == 0
