@@ -141,8 +141,8 @@ def _losses(cfg, result) -> list[float]:
     return [m.value for m in sorted(history, key=lambda m: m.step)]
 
 
-@pytest.mark.parametrize("training, data", [
-    ("judge-sft", "sft"), pytest.param("policy-dpo", "policy_dpo", marks=pytest.mark.slow)])  # ~20 s each
+@pytest.mark.slow  # ~50 s each on 2 cores (three trainings' Ray Train starts); test_trl_args.py checks the wiring
+@pytest.mark.parametrize("training, data", [("judge-sft", "sft"), ("policy-dpo", "policy_dpo")])
 def test_batches_collated_in_worker_processes_train_the_same_and_are_the_same_training(ray_local, make_cfg,
                                                                                        datasets, training, data):
     """train.dataloader_workers: processes beside the Ray Train worker's loop collate its batches (images and
