@@ -136,10 +136,12 @@ def _run_iteration(cfg: Config, n: int, tracker: Tracker | None) -> IterationRes
 
         @contextmanager
         def stage(name: str):
-            with clock.stage(name), tracker.stage(name):
+            with clock.stage(name), tracker.stage(name) as run:
                 log.info("iteration %d: stage %s", n, name)
                 yield
             res.seconds[name] = clock.done[name]
+            # over every run that worked on the stage: a resumed stage's own metrics are its last attempt's
+            tracker.client.log_metric(run.info.run_id, "stage.seconds_total", clock.done[name])
             if name in clock.load:
                 res.load[name] = clock.load[name]
 

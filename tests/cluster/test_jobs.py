@@ -9,6 +9,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import mlflow
 import pytest
 from mlflow import MlflowClient
 from labeled_sets import pair, png_b64, point, write_jsonl
@@ -82,6 +83,8 @@ def test_iteration_job_records_an_iteration_with_its_stages_in_mlflow(local_ray_
               == parent.info.run_id and "flywheel.stage" in r.data.tags}
     assert JUDGE_STAGES <= set(stages), sorted(stages)
     assert all(r.info.status == "FINISHED" for r in stages.values()), {k: r.info.status for k, r in stages.items()}
+    seconds = mlflow.artifacts.load_dict(f"{parent.info.artifact_uri}/summary/summary.json")["seconds"]
+    assert {k: r.data.metrics["stage.seconds_total"] for k, r in stages.items()} == pytest.approx(seconds)
     # datasets went under the workdir the job was given, not into the job's temporary copy of the project
     assert (j["work"] / "data" / "iterations" / "000" / "prompts").is_dir()
 

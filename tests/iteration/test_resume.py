@@ -122,6 +122,13 @@ def test_killed_iteration_resumes_to_the_same_result(tmp_path):
             for w in (straight, resumed)]
     assert took[0].keys() == took[1].keys()
     assert took[1]["candidates"] > 0.5 * took[0]["candidates"] > 0.5
+    # the run that finished the labels after the killed attempt carries the time over both (its own `seconds` are
+    # its attempt's); the last run's, which found them done, the total the summary reports
+    labels = sorted((r for r in client.search_runs(parents[0].info.experiment_id, "tags.`flywheel.stage` = 'labels'")
+                     if r.info.status == "FINISHED"), key=lambda r: r.info.start_time)
+    finished = [r.data.metrics for r in labels if "seconds" in r.data.metrics]
+    assert len(finished) == 1 and finished[0]["stage.seconds_total"] > finished[0]["seconds"] > 0
+    assert labels[-1].data.metrics["stage.seconds_total"] == pytest.approx(took[1]["labels"])
     # run again, a finished iteration is skipped whole
     before = _trainings(resumed)
     assert _run(resumed) == "done"
