@@ -349,3 +349,24 @@ def test_a_prune_that_fails_after_an_iteration_leaves_its_result_and_says_so(sto
     assert _exists(cfg, 2, "prompts")  # nothing went
     tag = MlflowClient(cfg.tracking.uri).get_run(runs[5]).data.tags["flywheel.retention_failed"]
     assert tag.startswith("UnreadableManifest:") and "iterations/000/prompts" in tag
+
+
+def test_a_plan_that_deletes_versions_is_not_applied_without_their_registry(versions):
+    """apply(plan) alone cannot reach the registry its versions are in: refused before anything goes."""
+    _, _, made_by, copies = versions
+    cfg = load_config(None, [f"run.workdir={copies[1].parents[2]}", "storage.prune_model_versions=true"])
+    plan = retention.plan_for(cfg, 1)
+    assert plan.model_versions == 1
+    with pytest.raises(ValueError, match=r"apply\(plan, cfg\)"):
+        retention.apply(plan)
+    assert copies[2].exists() and _exists(cfg, 2, "prompts")
+
+
+def test_a_model_whose_aliases_cannot_be_read_keeps_every_copy(versions, monkeypatch, caplog):
+    """Which versions an alias names is unknown (the registry fails the read: faked, as a registry server down): none
+    of that model's copies may go."""
+    cfg, _, _, copies = versions
+    monkeypatch.setattr(MlflowClient, "get_registered_model", lambda self, name: 1 / 0)
+    plan = retention.plan_for(cfg, 1)
+    assert plan.model_copies == 0 and plan.datasets > 0
+    assert "registered model judge not read" in caplog.text
