@@ -78,10 +78,18 @@ class StorageConfig(StrictModel):
     prune_model_versions: bool = Field(
         False, description="With keep_iterations, also delete the registered model versions pruned iterations made "
         "(their weights in MLflow's artifact store, and the registry entry) unless a kept iteration names them "
-        "(start models, its gates' challengers and champions), an alias points at them or a gate ever promoted "
-        "them: the judge SFT versions judge DPO started from, refused challengers, superseded lineage heads. Their "
-        "training runs stay, with metrics, logs and lineage tags (tagged flywheel.weights_pruned). A version "
-        "with save_merged holds a whole model: at 7B the largest thing an iteration leaves.",
+        "(start models, its gates' challengers and champions), an alias points at them or a gate promoted them "
+        "(see keep_promoted): the judge SFT versions judge DPO started from, refused challengers, superseded "
+        "lineage heads. Their training runs stay, with metrics, logs and lineage tags (tagged "
+        "flywheel.weights_pruned). A version with save_merged holds a whole model: at 7B the largest thing an "
+        "iteration leaves.",
+    )
+    keep_promoted: int | None = Field(
+        None, ge=1,
+        description="With prune_model_versions, of the versions gates promoted (the champions' history, to roll "
+        "back to) keep the newest this many of each model; the older ones go on the same terms as the others "
+        "(not while a kept iteration names one or an alias points at it). Null keeps every promoted version: a "
+        "whole model per promotion.",
     )
 
 

@@ -194,7 +194,7 @@ def plan_for(cfg: Config, keep: int | None = None) -> Plan:
       version (its start models, its gates' challengers and champions) or an alias points at it (champion,
       lineage). They are copies: a version needed again is downloaded again from MLflow;
     - with storage.prune_model_versions, those versions themselves (their weights in MLflow and their registry
-      entry) on the same terms, and unless a gate ever promoted them."""
+      entry) on the same terms, and unless a gate promoted them (of those, storage.keep_promoted keeps the newest)."""
     keep = keep or cfg.storage.keep_iterations
     if keep is None:
         raise ValueError("how many finished iterations to keep: storage.keep_iterations is not set")
@@ -205,7 +205,7 @@ def plan_for(cfg: Config, keep: int | None = None) -> Plan:
     copies = retention_models.local_copies(cfg)
     versions = retention_models.versions(cfg) if cfg.storage.prune_model_versions else []
     in_use = retention_models.in_use(cfg, p.records, p.kept, {c.name for c in copies} | {v.name for v in versions})
-    keep_versions = in_use | retention_models.promoted(p.records)
+    keep_versions = in_use | retention_models.promoted(p.records, cfg.storage.keep_promoted)
     going = [v for v in versions if not retention_models.wanted((v.name, v.version), keep_versions)
              and any(v.run_id in ids for ids in mine.values())]
     # weights another version also points at stay (one training registers one version: not seen, but cheap)

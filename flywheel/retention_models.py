@@ -5,8 +5,8 @@ applies it):
 - with `storage.prune_model_versions`, those registered versions themselves: their weights in MLflow's artifact
   store and their registry entry.
 Nothing in use goes: a version a kept iteration names (its start models, its gates' challengers and champions) or
-an alias points at (champion, lineage); of registered versions, none a gate ever promoted either (the champions'
-history, to roll back to).
+an alias points at (champion, lineage); of registered versions, none a gate promoted either (the champions'
+history, to roll back to: every one, or the newest storage.keep_promoted).
 """
 
 from __future__ import annotations
@@ -125,10 +125,16 @@ def in_use(cfg: Config, records: dict[int, IterationRecord | None], kept, names:
     return out
 
 
-def promoted(records: dict[int, IterationRecord | None]) -> set[tuple[str, str]]:
-    """(name, version) of every challenger a gate promoted, in any iteration: the champions' history."""
-    return {registry.parse_uri(d["challenger"])[:2] for r in records.values() if r is not None
-            for d in r.decisions if d.get("promoted") and registry.is_registry_uri(str(d.get("challenger", "")))}
+def promoted(records: dict[int, IterationRecord | None], keep: int | None = None) -> set[tuple[str, str]]:
+    """(name, version) of the challengers gates promoted, the champions' history to roll back to: every one, or
+    with `keep` (storage.keep_promoted) the newest `keep` of each model."""
+    history: dict[str, list[str]] = {}
+    for n in sorted(n for n, r in records.items() if r is not None):
+        for d in records[n].decisions:
+            if d.get("promoted") and registry.is_registry_uri(str(d.get("challenger", ""))):
+                name, version = registry.parse_uri(d["challenger"])[:2]
+                history.setdefault(name, []).append(version)
+    return {(name, v) for name, vs in history.items() for v in list(dict.fromkeys(reversed(vs)))[:keep]}
 
 
 def wanted(version: tuple[str, str], keep: set[tuple[str, str]]) -> bool:

@@ -299,6 +299,25 @@ def test_registered_versions_go_with_storage_prune_model_versions_unless_used_pr
     assert retention.plan_for(cfg, 1).model_versions == 0
 
 
+@pytest.mark.parametrize("keep_promoted", [None, 1, 2])
+def test_storage_keep_promoted_bounds_the_champions_history(versions, keep_promoted):
+    """The versions gates promoted stay for a roll-back, each a whole model: storage.keep_promoted keeps the newest
+    of each model. Promoted in order: 7 (iteration 2), then 5 (kept iteration 4, so it stays whatever the bound)."""
+    _, _, made_by, copies = versions
+    cfg = load_config(None, [f"run.workdir={copies[1].parents[2]}", "storage.prune_model_versions=true",
+                             f"storage.keep_promoted={'null' if keep_promoted is None else keep_promoted}"])
+    record = IterationRecord.load(iteration_dir(cfg, 4))
+    record.decisions.append({"model": "judge", "challenger": "models:/judge/5", "promoted": True})
+    record.save(iteration_dir(cfg, 4))
+    going = {"judge/2"} if keep_promoted != 1 else {"judge/2", "judge/7"}
+    assert {v.label() for vs in retention.plan_for(cfg, 1).versions.values() for v in vs} == going
+
+    retention.prune(cfg, 1)
+    client = MlflowClient(cfg.tracking.uri)
+    assert (client.list_artifacts(made_by[7], "export") == []) == (keep_promoted == 1)
+    assert {f"judge/{v.version}" for v in client.search_model_versions("name='judge'")}.isdisjoint(going)
+
+
 def test_prune_is_refused_while_an_iteration_runs(store):
     """A driver holding the workdir (another process, as a running iteration does) may be reading what would go."""
     cfg, _ = store
