@@ -68,6 +68,8 @@ class Plan:
     copies: dict[int, list[LocalCopy]] = field(default_factory=dict)
     # iteration -> the registered versions it made that go (storage.prune_model_versions)
     versions: dict[int, list[Version]] = field(default_factory=dict)
+    # weights of versions an earlier prune deleted from the registry and then failed to delete (plan_for)
+    orphans: list[Version] = field(default_factory=list)
     sizes: dict[str, int] = field(default_factory=dict)  # uri of what goes -> its bytes
     when: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
     records: dict[int, IterationRecord | None] = field(default_factory=dict)  # as plan read them
@@ -94,11 +96,12 @@ class Plan:
 
     @property
     def deletes(self) -> bool:
-        return any(self.going(n) for n in self.pruned)
+        return bool(self.orphans) or any(self.going(n) for n in self.pruned)
 
     def counts(self) -> str:
+        orphans = f" (and the weights of {len(self.orphans)} deleted earlier)" if self.orphans else ""
         return (f"{self.datasets} datasets, {self.checkpoint_runs} training checkpoint runs, {self.model_copies} "
-                f"local model copies and {self.model_versions} registered model versions")
+                f"local model copies and {self.model_versions} registered model versions{orphans}")
 
     def iteration_dir(self, n: int) -> str:
         return _iteration_dir(self.root, n)
@@ -149,8 +152,12 @@ def plan(storage_uri: str, keep: int, registry: dict[str, str]) -> Plan:
 def apply(p: Plan, cfg: Config | None = None) -> None:
     """Delete what `p` prunes and note it in each pruned iteration's pruned.json (added to an earlier prune's);
     `cfg` names the registry its registered versions are deleted from."""
-    if p.model_versions and cfg is None:
+    if (p.model_versions or p.orphans) and cfg is None:
         raise ValueError("the plan deletes registered versions: apply(plan, cfg) names their registry")
+    for v in p.orphans:  # first: an earlier prune's, already noted in its iteration's pruned.json
+        retention_models.delete_weights(cfg, v)
+        log.info("retention: the weights of %s, which an earlier prune failed to delete, deleted (%.1f MB)",
+                 v.label(), p.sizes[v.source] / 1e6)
     for n, gone in p.pruned.items():
         runs, copies, versions = p.runs.get(n, []), p.copies.get(n, []), p.versions.get(n, [])
         if not p.going(n):
@@ -204,6 +211,9 @@ def plan_for(cfg: Config, keep: int | None = None) -> Plan:
     mine = {n: {run_id for ids in trained[n].values() for run_id in ids} for n in p.pruned}
     copies = retention_models.local_copies(cfg)
     versions = retention_models.versions(cfg) if cfg.storage.prune_model_versions else []
+    if cfg.storage.prune_model_versions:
+        p.orphans = retention_models.orphaned(cfg, versions)
+        p.sizes |= {v.source: retention_models.artifact_bytes(v.source) for v in p.orphans}
     in_use = retention_models.in_use(cfg, p.records, p.kept, {c.name for c in copies} | {v.name for v in versions})
     keep_versions = in_use | retention_models.promoted(p.records, cfg.storage.keep_promoted)
     going = [v for v in versions if not retention_models.wanted((v.name, v.version), keep_versions)
@@ -254,7 +264,8 @@ def plan_json(p: Plan) -> dict:
                   "model_copies": [c.label() for c in p.copies.get(n, [])],
                   "model_versions": [v.label() for v in p.versions.get(n, [])], "bytes": p.bytes_of(n)}
               for n, gone in p.pruned.items()}
-    return {"keep": p.keep, "bytes": p.bytes, "kept": p.kept, "pruned": pruned, "stays": p.referenced}
+    return {"keep": p.keep, "bytes": p.bytes, "kept": p.kept, "pruned": pruned, "stays": p.referenced,
+            "orphaned_weights": [v.label() for v in p.orphans]}
 
 
 def plan_table(p: Plan):
@@ -273,6 +284,9 @@ def plan_table(p: Plan):
         table.add_row(str(n), f"{len(p.pruned[n])} datasets, {len(p.runs.get(n, []))} checkpoint runs, "
                       f"{len(p.copies.get(n, []))} model copies, {len(p.versions.get(n, []))} versions go",
                       f"{p.bytes_of(n) / 1e6:.1f}", "; ".join(stays))
+    for v in p.orphans:
+        table.add_row("", f"weights of {v.label()} go", f"{p.sizes[v.source] / 1e6:.1f}",
+                      "an earlier prune deleted the version and failed to delete its weights")
     return table
 
 

@@ -3,7 +3,7 @@ applies it):
 - the Ray Train checkpoints of the trainings they registered (a second copy of the registered weights);
 - this node's local copies of the versions they registered (`<workdir>/registry`, registry.materialize);
 - with `storage.prune_model_versions`, those registered versions themselves: their weights in MLflow's artifact
-  store and their registry entry.
+  store and their registry entry (and weights an earlier prune failed to delete after their entry went).
 Nothing in use goes: a version a kept iteration names (its start models, its gates' challengers and champions) or
 an alias points at (champion, lineage); of registered versions, none a gate promoted either (the champions'
 history, to roll back to: every one, or the newest storage.keep_promoted).
@@ -11,6 +11,7 @@ history, to roll back to: every one, or the newest storage.keep_promoted).
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +21,7 @@ from flywheel.iteration_record import IterationRecord
 from flywheel.train import registry
 
 log = logging.getLogger(__name__)
+PENDING = "flywheel.weights_pending"  # on a training run while its version's deletion is under way
 
 
 @dataclass(frozen=True)
@@ -143,17 +145,48 @@ def wanted(version: tuple[str, str], keep: set[tuple[str, str]]) -> bool:
 
 def delete_version(cfg: Config, v: Version) -> None:
     """The version out of the registry first (a version without weights would be found and fail to load), then its
-    weights; its training run stays, tagged."""
+    weights; its training run stays, tagged. The run is tagged flywheel.weights_pending before: if the weights'
+    deletion then fails (a store down), a later prune finds them (orphaned) and deletes them."""
+    client = registry.client(cfg)
+    try:
+        client.set_tag(v.run_id, PENDING, json.dumps({"name": v.name, "version": v.version, "source": v.source}))
+    except Exception as e:  # noqa: BLE001 - a run deleted from MLflow: nothing to find a failure by
+        log.warning("retention: run %s not tagged: %s", v.run_id, e)
+    client.delete_model_version(v.name, v.version)
+    delete_weights(cfg, v)
+
+
+def delete_weights(cfg: Config, v: Version) -> None:
+    """A deleted version's weights from MLflow's artifact store; its training run's tags say so."""
     from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
 
-    client = registry.client(cfg)
-    client.delete_model_version(v.name, v.version)
     get_artifact_repository(v.source).delete_artifacts()
+    client = registry.client(cfg)
     try:
         client.set_tag(v.run_id, "flywheel.weights_pruned", f"version {v.version} of {v.name} and its weights "
                        "deleted by retention (storage.prune_model_versions)")
+        client.delete_tag(v.run_id, PENDING)
     except Exception as e:  # noqa: BLE001 - a run deleted from MLflow: the version went all the same
         log.warning("retention: run %s not tagged: %s", v.run_id, e)
+
+
+def orphaned(cfg: Config, registered: list[Version]) -> list[Version]:
+    """Versions an earlier prune deleted from the registry and whose weights it failed to delete (their training
+    runs still tagged flywheel.weights_pending); `registered`: the versions the registry still has, whose
+    deletion had not begun."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=cfg.tracking.uri)
+    exp = client.get_experiment_by_name(cfg.experiment)
+    if exp is None:
+        return []
+    out = []
+    for r in client.search_runs([exp.experiment_id], f"tags.`{PENDING}` LIKE '%'", max_results=1000):
+        d = json.loads(r.data.tags[PENDING])
+        v = Version(d["name"], d["version"], r.info.run_id, d["source"])
+        if v not in registered:
+            out.append(v)
+    return sorted(out, key=lambda v: (v.name, int(v.version)))
 
 
 def artifact_bytes(source: str) -> int:

@@ -318,6 +318,38 @@ def test_storage_keep_promoted_bounds_the_champions_history(versions, keep_promo
     assert {f"judge/{v.version}" for v in client.search_model_versions("name='judge'")}.isdisjoint(going)
 
 
+def test_weights_a_failed_prune_left_behind_go_with_the_next(versions, monkeypatch):
+    """The registry entry goes before the weights: if deleting the weights then fails (the artifact store down:
+    faked, as it cannot fail here), they are not lost track of; the next prune deletes them."""
+    from mlflow.store.artifact.local_artifact_repo import LocalArtifactRepository
+
+    _, _, made_by, copies = versions
+    cfg = load_config(None, [f"run.workdir={copies[1].parents[2]}", "storage.prune_model_versions=true"])
+    client = MlflowClient(cfg.tracking.uri)
+    source = client.get_model_version("judge", "2").source
+
+    def down(self, artifact_path=None):
+        raise OSError("artifact store unavailable")
+
+    with monkeypatch.context() as m:
+        m.setattr(LocalArtifactRepository, "delete_artifacts", down)
+        with pytest.raises(OSError, match="unavailable"):
+            retention.prune(cfg, 1)
+    assert "2" not in {v.version for v in client.search_model_versions("name='judge'")}
+    assert [f.path for f in client.list_artifacts(made_by[2], "export")] == ["export/model.safetensors"]
+
+    plan = retention.plan_for(cfg, 1)
+    assert [(v.label(), v.source) for v in plan.orphans] == [("judge/2", source)]
+    assert plan.deletes and plan.model_versions == 0 and plan.bytes >= 1000
+    assert retention.plan_json(plan)["orphaned_weights"] == ["judge/2"]
+    retention.prune(cfg, 1)
+    assert client.list_artifacts(made_by[2], "export") == []
+    tags = client.get_run(made_by[2]).data.tags
+    assert "deleted by retention" in tags["flywheel.weights_pruned"] and "flywheel.weights_pending" not in tags
+    assert retention.plan_for(cfg, 1).orphans == []
+    assert [f.path for f in client.list_artifacts(made_by[7], "export")] == ["export/model.safetensors"]
+
+
 def test_prune_is_refused_while_an_iteration_runs(store):
     """A driver holding the workdir (another process, as a running iteration does) may be reading what would go."""
     cfg, _ = store
