@@ -1,13 +1,12 @@
-"""Two settings of one VLM training side by side, in one run (these machines are noisy): the same TRL training
-(judge SFT, or policy DPO; the flywheel's trainer and collator, without Ray or MLflow) on the same model, rows and
-seed under config overrides A and B. Prints each side's median and mean step time and their ratios (B / A, lower
-is faster), the share of each batch's tokens that are not padding, what the vision feature and collation caches
-did, and, when both sides draw their rows in the same order, the largest difference between their per-step losses.
+"""Two settings of one VLM training side by side, in one run (these machines are noisy): the same bare TRL
+training (judge SFT, or policy DPO) on the same model, rows and seed under config overrides A and B. Prints each
+side's median step time and their ratio (B / A, lower is faster), the share of each batch's tokens that are not
+padding, what the vision feature cache did, and, when both sides draw their rows in the same order, the largest
+difference between their per-step losses.
 
     .venv/bin/python bench/train_settings.py --workdir runs/local --training judge_sft --steps 300 \
         --a train.image_feature_cache_mb=0 --b train.image_feature_cache_mb=1024
     .venv/bin/python bench/train_settings.py --a train.judge_sft.micro_batches=1 --b train.judge_sft.micro_batches=4
-    .venv/bin/python bench/train_settings.py --steps 600 --a train.collation_cache_mb=0 --b train.collation_cache_mb=2048
 
 The rows are iteration 000's curated SFT set (judge_sft) or its policy preference pairs (policy_dpo) in <workdir>.
 """
@@ -56,20 +55,15 @@ def run(cfg, training: str, data_uri: str, steps: int) -> dict:
         if training == "judge_sft":
             ds = to_hf_dataset(sft_rows(read_training_data(data_uri, "sft").rows,
                                         completion_only_loss=bool(s.completion_only_loss)))
-            trainer = sft.build_trainer(model, processor, ds, s, out, cfg.run.seed, callbacks=[clock])
-            hf.attach(trainer, collation_cache_mb=s.collation_cache_mb)  # its sample ids: no step log without ctx
+            trainer = sft.build_trainer(model, processor, ds, s, out, cfg.run.seed, callbacks=[clock], bare=True)
         else:
             ds = to_hf_dataset(dpo_rows(read_training_data(data_uri, "dpo").rows))
-            trainer = dpo.build_trainer(model, processor, ds, s, out, cfg.run.seed, callbacks=[clock])
-            hf.attach(trainer)
+            trainer = dpo.build_trainer(model, processor, ds, s, out, cfg.run.seed, callbacks=[clock], bare=True)
         trainer.train()
     cache = next((m._image_feature_cache for m in model.modules() if hasattr(m, "_image_feature_cache")), None)
-    rows = trainer.data_collator.by_id
     gaps = [b - a for a, b in zip(clock.stamps[5:], clock.stamps[6:])]  # after a warm-up
-    return {"step": statistics.median(gaps), "mean": statistics.fmean(gaps), "losses": clock.losses, "real": clock.real / max(1, clock.padded),
-            "cache": "off" if cache is None else f"{cache.hits / max(1, cache.hits + cache.misses):.0%} hits",
-            "rows": "off" if rows is None or not rows.on else f"{rows.hits / max(1, rows.hits + rows.misses):.0%} "
-            f"hits, {rows.bytes / 2**20:.0f} MB"}
+    return {"step": statistics.median(gaps), "losses": clock.losses, "real": clock.real / max(1, clock.padded),
+            "cache": "off" if cache is None else f"{cache.hits / max(1, cache.hits + cache.misses):.0%} hits"}
 
 
 def main() -> None:
@@ -94,10 +88,9 @@ def main() -> None:
     print(f"{args.training}, {args.steps} steps")
     for name, overrides in (("A", args.a), ("B", args.b)):
         side = sides[name]
-        print(f"  {name} {' '.join(overrides) or '(config)'}: median step {side['step']:.3f} s (mean "
-              f"{side['mean']:.3f}), "
-              f"real tokens {side['real']:.2f}, vision cache {side['cache']}, collation cache {side['rows']}")
-    print(f"  ratio B/A {b['step'] / a['step']:.2f} (means {b['mean'] / a['mean']:.2f}); largest per-step loss difference {gap:.2e} "
+        print(f"  {name} {' '.join(overrides) or '(config)'}: median step {side['step']:.3f} s, "
+              f"real tokens {side['real']:.2f}, vision cache {side['cache']}")
+    print(f"  ratio B/A {b['step'] / a['step']:.2f}; largest per-step loss difference {gap:.2e} "
           "(meaningful only if both sides draw rows in the same order)")
 
 

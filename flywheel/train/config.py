@@ -252,12 +252,6 @@ class TrainConfig(StrictModel):
         "the training, are the same either way (not part of a training's identity). Collating is ~25% of a local "
         "judge SFT step, but on 2 cores a process for it gains nothing (both are busy: docs/results.md); on a GPU "
         "node with spare cores it keeps the GPU from waiting. Does not apply to diffusion_dpo.")
-    collation_cache_mb: int = Field(
-        4096, ge=0, description="Vision SFT rows (judge SFT) collated once per training, not once per epoch: each "
-        "row's tokens and processed images kept (least recently used dropped beyond this size, in host memory) and "
-        "put together into each batch, checked on the first batch against TRL's own collation, which it must "
-        "equal (else it turns itself off). The batches, and so the training, are the same (not part of a "
-        "training's identity). 0 turns it off. With dataloader_workers each worker process keeps its own.")
     judge_sft: SFTTrainingConfig = Field(SFTTrainingConfig(), description="Judge SFT (TRL SFTTrainer).")
     judge_dpo: DPOTrainingConfig = Field(DPOTrainingConfig(), description="Judge DPO from the SFT result "
                                          "(TRL DPOTrainer).")
@@ -320,7 +314,7 @@ class TrainConfig(StrictModel):
 TRAININGS = ("judge_sft", "judge_dpo", "policy_dpo", "diffusion_dpo")
 # Settings that change how a training runs, not what it learns: left out of its identity (flywheel/train/api.py
 # run_key), so changing them does not train again what is registered.
-HOW_NOT_WHAT = frozenset({"dataloader_workers", "collation_cache_mb"})
+HOW_NOT_WHAT = frozenset({"dataloader_workers"})
 
 
 class ResolvedTraining(BaseModel):
@@ -348,7 +342,6 @@ class ResolvedTraining(BaseModel):
     freeze_vision: bool = Field(False, description="Keep the vision encoder and projector fixed (VLMs).")
     image_feature_cache_mb: int = Field(0, description="Per-image vision feature cache size (with freeze_vision).")
     dataloader_workers: int = Field(0, description="Batch-collating processes per training worker.")
-    collation_cache_mb: int = Field(0, description="Per-row collation cache size (vision SFT).")
     completion_only_loss: bool | None = Field(None, description="SFT only.")
     beta: float | None = Field(None, description="DPO / Diffusion-DPO beta.")
     loss_type: list[str] | None = Field(None, description="DPO only.")

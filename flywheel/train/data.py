@@ -114,15 +114,15 @@ def to_hf_dataset(rows: list[dict]):
 
 class SampleIdCollator:
     """Wraps a TRL collator: removes `sample_id` (and the length sort key) from each example and returns the ids
-    as `sample_ids`. `by_id` (a RowCollationCache over the same collator) collates from the ids when given."""
+    as `sample_ids`."""
 
-    def __init__(self, inner, by_id=None):
-        self.inner, self.by_id = inner, by_id
+    def __init__(self, inner):
+        self.inner = inner
 
     def __call__(self, examples: list[dict]) -> dict:
         ids = [e.pop(SAMPLE_ID) for e in examples]
         for e in examples:
             e.pop(LENGTH, None)
-        batch = self.by_id(ids, examples) if self.by_id is not None else self.inner(examples)
+        batch = self.inner(examples)
         batch[SAMPLE_IDS] = ids
         return batch

@@ -262,31 +262,16 @@ def ray_checkpoint_callback(ctx):
     return FlywheelReportCallback()
 
 
-def attach(trainer, ctx=None, guard: NonFiniteGuard | None = None, collation_cache_mb: int | None = None):
-    """Wire the sample-id collator (with the training's collation cache: `collation_cache_mb`, by default
-    ctx.settings'), step log and guard into a trainer built by flywheel_trainer()."""
+def attach(trainer, ctx=None, guard: NonFiniteGuard | None = None):
+    """Wire the sample-id collator, step log and guard into a trainer built by flywheel_trainer()."""
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
     for cb in (PrinterCallback, ProgressCallback):  # logs go to MLflow; the console stays readable
         trainer.remove_callback(cb)
-    if collation_cache_mb is None:
-        collation_cache_mb = ctx.settings.collation_cache_mb if ctx is not None else 0
-    trainer.data_collator = SampleIdCollator(trainer.data_collator, row_cache(trainer, collation_cache_mb))
+    trainer.data_collator = SampleIdCollator(trainer.data_collator)
     trainer._fw_steps = ctx.steps if ctx is not None else None
     trainer._fw_guard = guard
     return trainer
-
-
-def row_cache(trainer, mb: int):
-    """A RowCollationCache of `mb` MB over the trainer's collator when it is TRL's vision SFT collator
-    (flywheel/train/collation_cache.py), else None."""
-    from trl.trainer.sft_trainer import DataCollatorForVisionLanguageModeling
-
-    if not mb or not isinstance(trainer.data_collator, DataCollatorForVisionLanguageModeling):
-        return None
-    from flywheel.train.collation_cache import RowCollationCache
-
-    return RowCollationCache(trainer.data_collator, trainer.processing_class.tokenizer.pad_token_id, mb << 20)
 
 
 def callbacks(ctx, guard: NonFiniteGuard, extra=()) -> list:
