@@ -1,6 +1,6 @@
-"""Two settings of one VLM training side by side, in one run (these machines are noisy): the same bare TRL
-training (judge SFT, or policy DPO) on the same model, rows and seed under config overrides A and B. Prints each
-side's median step time and their ratio (B / A, lower is faster), the share of each batch's tokens that are not
+"""Two settings of one VLM training side by side, in one run (these machines are noisy): the same bare TRL training
+(judge SFT, or policy DPO) on the same model, rows and seed under config overrides A and B. Prints each side's
+median and mean step time and their ratios (B / A, lower is faster), the share of each batch's tokens that are not
 padding, what the vision feature cache did, and, when both sides draw their rows in the same order, the largest
 difference between their per-step losses.
 
@@ -62,7 +62,7 @@ def run(cfg, training: str, data_uri: str, steps: int) -> dict:
         trainer.train()
     cache = next((m._image_feature_cache for m in model.modules() if hasattr(m, "_image_feature_cache")), None)
     gaps = [b - a for a, b in zip(clock.stamps[5:], clock.stamps[6:])]  # after a warm-up
-    return {"step": statistics.median(gaps), "losses": clock.losses, "real": clock.real / max(1, clock.padded),
+    return {"step": statistics.median(gaps), "mean": statistics.fmean(gaps), "losses": clock.losses, "real": clock.real / max(1, clock.padded),
             "cache": "off" if cache is None else f"{cache.hits / max(1, cache.hits + cache.misses):.0%} hits"}
 
 
@@ -88,9 +88,10 @@ def main() -> None:
     print(f"{args.training}, {args.steps} steps")
     for name, overrides in (("A", args.a), ("B", args.b)):
         side = sides[name]
-        print(f"  {name} {' '.join(overrides) or '(config)'}: median step {side['step']:.3f} s, "
+        print(f"  {name} {' '.join(overrides) or '(config)'}: median step {side['step']:.3f} s (mean "
+              f"{side['mean']:.3f}), "
               f"real tokens {side['real']:.2f}, vision cache {side['cache']}")
-    print(f"  ratio B/A {b['step'] / a['step']:.2f}; largest per-step loss difference {gap:.2e} "
+    print(f"  ratio B/A {b['step'] / a['step']:.2f} (means {b['mean'] / a['mean']:.2f}); largest per-step loss difference {gap:.2e} "
           "(meaningful only if both sides draw rows in the same order)")
 
 

@@ -249,9 +249,9 @@ class TrainConfig(StrictModel):
     dataloader_workers: int = Field(
         0, ge=0, description="Processes per training worker that collate its batches (the processor resizing and "
         "normalising images, tokenising) while it trains; 0 collates in the training loop. The batches, and so "
-        "the training, are the same either way (not part of a training's identity). Collating is ~25% of a local "
-        "judge SFT step, but on 2 cores a process for it gains nothing (both are busy: docs/results.md); on a GPU "
-        "node with spare cores it keeps the GPU from waiting. Does not apply to diffusion_dpo.")
+        "the training, are the same either way (not part of a training's identity). On 2 cores a process for it "
+        "gains nothing (both are busy: docs/results.md); on a GPU node with spare cores it keeps the GPU from "
+        "waiting. Does not apply to diffusion_dpo.")
     judge_sft: SFTTrainingConfig = Field(SFTTrainingConfig(), description="Judge SFT (TRL SFTTrainer).")
     judge_dpo: DPOTrainingConfig = Field(DPOTrainingConfig(), description="Judge DPO from the SFT result "
                                          "(TRL DPOTrainer).")
