@@ -29,6 +29,29 @@ def zoo(cfg):
     return build_zoo(cfg)
 
 
+@pytest.fixture(scope="session")
+def s3_bucket():
+    """An S3 bucket, as `s3://flywheel`: moto's S3 server on 127.0.0.1 (no object store is reachable from these
+    machines; moto answers S3's HTTP API, so pyarrow's real S3 client, the one a cluster uses, is what runs).
+    pyarrow and boto3 find it through AWS_ENDPOINT_URL, as they would a MinIO."""
+    import logging
+
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one log line per request otherwise
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    with pytest.MonkeyPatch.context() as mp:
+        for key, value in {"AWS_ENDPOINT_URL": f"http://{host}:{port}", "AWS_ACCESS_KEY_ID": "testing",
+                           "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}.items():
+            mp.setenv(key, value)
+        boto3.client("s3").create_bucket(Bucket="flywheel")
+        yield "s3://flywheel"
+    server.stop()
+
+
 _EXIT_STATUS: list[int] = []
 
 
