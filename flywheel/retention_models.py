@@ -165,9 +165,11 @@ def delete_weights(cfg: Config, v: Version) -> None:
     try:
         client.set_tag(v.run_id, "flywheel.weights_pruned", f"version {v.version} of {v.name} and its weights "
                        "deleted by retention (storage.prune_model_versions)")
-        client.delete_tag(v.run_id, PENDING)
     except Exception as e:  # noqa: BLE001 - a run deleted from MLflow: the version went all the same
         log.warning("retention: run %s not tagged: %s", v.run_id, e)
+        return
+    if PENDING in client.get_run(v.run_id).data.tags:
+        client.delete_tag(v.run_id, PENDING)
 
 
 def orphaned(cfg: Config, registered: list[Version]) -> list[Version]:
@@ -181,6 +183,7 @@ def orphaned(cfg: Config, registered: list[Version]) -> list[Version]:
     if exp is None:
         return []
     out = []
+    # a deletion that failed halfway: a handful at most, one page
     for r in client.search_runs([exp.experiment_id], f"tags.`{PENDING}` LIKE '%'", max_results=1000):
         d = json.loads(r.data.tags[PENDING])
         v = Version(d["name"], d["version"], r.info.run_id, d["source"])
