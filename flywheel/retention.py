@@ -211,9 +211,8 @@ def plan_for(cfg: Config, keep: int | None = None) -> Plan:
     mine = {n: {run_id for ids in trained[n].values() for run_id in ids} for n in p.pruned}
     copies = retention_models.local_copies(cfg)
     versions = retention_models.versions(cfg) if cfg.storage.prune_model_versions else []
-    if cfg.storage.prune_model_versions:
-        p.orphans = retention_models.orphaned(cfg, versions)
-        p.sizes |= {v.source: retention_models.artifact_bytes(v.source) for v in p.orphans}
+    p.orphans = retention_models.orphaned(cfg)  # even with prune_model_versions off since: their versions went
+    p.sizes |= {v.source: retention_models.artifact_bytes(v.source) for v in p.orphans}
     in_use = retention_models.in_use(cfg, p.records, p.kept, {c.name for c in copies} | {v.name for v in versions})
     keep_versions = in_use | retention_models.promoted(p.records, cfg.storage.keep_promoted)
     going = [v for v in versions if not retention_models.wanted((v.name, v.version), keep_versions)

@@ -172,10 +172,10 @@ def delete_weights(cfg: Config, v: Version) -> None:
         client.delete_tag(v.run_id, PENDING)
 
 
-def orphaned(cfg: Config, registered: list[Version]) -> list[Version]:
-    """Versions an earlier prune deleted from the registry and whose weights it failed to delete (their training
-    runs still tagged flywheel.weights_pending); `registered`: the versions the registry still has, whose
-    deletion had not begun."""
+def orphaned(cfg: Config) -> list[Version]:
+    """Versions an earlier prune deleted from the registry and whose weights it failed to delete: their training
+    runs are still tagged flywheel.weights_pending and the registry no longer has them (one it still has is a
+    deletion that failed before it began)."""
     from mlflow import MlflowClient
 
     client = MlflowClient(tracking_uri=cfg.tracking.uri)
@@ -186,10 +186,21 @@ def orphaned(cfg: Config, registered: list[Version]) -> list[Version]:
     # a deletion that failed halfway: a handful at most, one page
     for r in client.search_runs([exp.experiment_id], f"tags.`{PENDING}` LIKE '%'", max_results=1000):
         d = json.loads(r.data.tags[PENDING])
-        v = Version(d["name"], d["version"], r.info.run_id, d["source"])
-        if v not in registered:
-            out.append(v)
+        if not _registered(cfg, d["name"], d["version"]):
+            out.append(Version(d["name"], d["version"], r.info.run_id, d["source"]))
     return sorted(out, key=lambda v: (v.name, int(v.version)))
+
+
+def _registered(cfg: Config, name: str, version: str) -> bool:
+    from mlflow.exceptions import MlflowException
+
+    try:
+        registry.client(cfg).get_model_version(name, version)
+        return True
+    except MlflowException as e:  # RESOURCE_DOES_NOT_EXIST; anything else (a registry down) is raised
+        if e.error_code != "RESOURCE_DOES_NOT_EXIST":
+            raise
+        return False
 
 
 def artifact_bytes(source: str) -> int:

@@ -345,16 +345,21 @@ def test_weights_a_failed_prune_left_behind_go_with_the_next(versions, monkeypat
     assert "2" not in {v.version for v in client.search_model_versions("name='judge'")}
     assert [f.path for f in client.list_artifacts(made_by[2], "export")] == ["export/model.safetensors"]
 
-    plan = retention.plan_for(cfg, 1)
+    three = client.get_model_version("judge", "3")  # a deletion that failed before its registry entry went
+    client.set_tag(made_by[3], "flywheel.weights_pending",
+                   json.dumps({"name": "judge", "version": "3", "source": three.source}))
+    off = load_config(None, [f"run.workdir={copies[1].parents[2]}"])  # and if prune_model_versions is off since
+    plan = retention.plan_for(off, 1)
     assert [(v.label(), v.source) for v in plan.orphans] == [("judge/2", source)]
     assert plan.deletes and plan.model_versions == 0 and plan.bytes >= 1000
     assert retention.plan_json(plan)["orphaned_weights"] == ["judge/2"]
-    retention.prune(cfg, 1)
+    retention.prune(off, 1)
     assert client.list_artifacts(made_by[2], "export") == []
     tags = client.get_run(made_by[2]).data.tags
     assert "deleted by retention" in tags["flywheel.weights_pruned"] and "flywheel.weights_pending" not in tags
     assert retention.plan_for(cfg, 1).orphans == []
-    assert [f.path for f in client.list_artifacts(made_by[7], "export")] == ["export/model.safetensors"]
+    for kept in (3, 7):  # a registered version's weights are never orphans
+        assert [f.path for f in client.list_artifacts(made_by[kept], "export")] == ["export/model.safetensors"]
 
 
 def test_prune_is_refused_while_an_iteration_runs(store):
