@@ -92,6 +92,13 @@ class StorageConfig(StrictModel):
         "whole model per promotion.",
     )
 
+    @model_validator(mode="after")
+    def _keep_promoted_prunes_versions(self):
+        if self.keep_promoted is not None and not self.prune_model_versions:
+            raise ValueError("storage.keep_promoted: bounds which promoted versions retention deletes, and it deletes "
+                             "versions only with storage.prune_model_versions: true")
+        return self
+
 
 class TrackingConfig(StrictModel):
     uri: str = Field(

@@ -245,3 +245,11 @@ def test_a_cost_cap_is_a_labelling_stages(tmp_path):
     assert cfg.judge.http.max_cost_per_stage == 3
     with pytest.raises(ConfigError, match="policy.http.max_cost_per_stage: a cost cap stops a labelling stage"):
         load_config(None, [f"run.workdir={tmp_path}", "policy.http.max_cost_per_stage=3"])
+
+
+def test_keep_promoted_needs_prune_model_versions(tmp_path):
+    """Without prune_model_versions no version is deleted: a bound on the promoted ones would silently do nothing."""
+    cfg = load_config(None, [f"run.workdir={tmp_path}", "storage.prune_model_versions=true", "storage.keep_promoted=3"])
+    assert cfg.storage.keep_promoted == 3
+    with pytest.raises(ConfigError, match="storage.keep_promoted: .*storage.prune_model_versions: true"):
+        load_config(None, [f"run.workdir={tmp_path}", "storage.keep_promoted=3"])
