@@ -150,14 +150,17 @@ def delete_version(cfg: Config, v: Version) -> None:
     client = registry.client(cfg)
     try:
         client.set_tag(v.run_id, PENDING, json.dumps({"name": v.name, "version": v.version, "source": v.source}))
+        pending = True
     except Exception as e:  # noqa: BLE001 - a run deleted from MLflow: nothing to find a failure by
         log.warning("retention: run %s not tagged: %s", v.run_id, e)
+        pending = False
     client.delete_model_version(v.name, v.version)
-    delete_weights(cfg, v)
+    delete_weights(cfg, v, pending)
 
 
-def delete_weights(cfg: Config, v: Version) -> None:
-    """A deleted version's weights from MLflow's artifact store; its training run's tags say so."""
+def delete_weights(cfg: Config, v: Version, pending: bool = True) -> None:
+    """A deleted version's weights from MLflow's artifact store; its training run's tags say so (`pending`: the
+    run carries flywheel.weights_pending, removed now)."""
     from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
 
     get_artifact_repository(v.source).delete_artifacts()
@@ -168,7 +171,7 @@ def delete_weights(cfg: Config, v: Version) -> None:
     except Exception as e:  # noqa: BLE001 - a run deleted from MLflow: the version went all the same
         log.warning("retention: run %s not tagged: %s", v.run_id, e)
         return
-    if PENDING in client.get_run(v.run_id).data.tags:
+    if pending:
         client.delete_tag(v.run_id, PENDING)
 
 
@@ -182,20 +185,20 @@ def orphaned(cfg: Config) -> list[Version]:
     exp = client.get_experiment_by_name(cfg.experiment)
     if exp is None:
         return []
-    out = []
+    out, models = [], registry.client(cfg)
     # a deletion that failed halfway: a handful at most, one page
     for r in client.search_runs([exp.experiment_id], f"tags.`{PENDING}` LIKE '%'", max_results=1000):
         d = json.loads(r.data.tags[PENDING])
-        if not _registered(cfg, d["name"], d["version"]):
+        if not _registered(models, d["name"], d["version"]):
             out.append(Version(d["name"], d["version"], r.info.run_id, d["source"]))
     return sorted(out, key=lambda v: (v.name, int(v.version)))
 
 
-def _registered(cfg: Config, name: str, version: str) -> bool:
+def _registered(models, name: str, version: str) -> bool:
     from mlflow.exceptions import MlflowException
 
     try:
-        registry.client(cfg).get_model_version(name, version)
+        models.get_model_version(name, version)
         return True
     except MlflowException as e:  # RESOURCE_DOES_NOT_EXIST; anything else (a registry down) is raised
         if e.error_code != "RESOURCE_DOES_NOT_EXIST":
