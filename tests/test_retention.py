@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 import flywheel.iteration as iteration
 from flywheel import retention, storage
 from flywheel.cli import app
-from flywheel.config import load_config
+from flywheel.config import Config, load_config
 from flywheel.datasets import UpstreamRef, read_dataset, read_manifest
 from flywheel.iteration import IterationResult, iteration_dir, paths, run_iteration
 from flywheel.iteration_record import IterationRecord
@@ -328,22 +328,10 @@ def test_storage_keep_promoted_bounds_the_champions_history(versions, keep_promo
 def test_weights_a_failed_prune_left_behind_go_with_the_next(versions, monkeypatch):
     """The registry entry goes before the weights: if deleting the weights then fails (the artifact store down:
     faked, as it cannot fail here), they are not lost track of; the next prune deletes them."""
-    from mlflow.store.artifact.local_artifact_repo import LocalArtifactRepository
-
     _, _, made_by, copies = versions
     cfg = load_config(None, [f"run.workdir={copies[1].parents[2]}", "storage.prune_model_versions=true"])
     client = MlflowClient(cfg.tracking.uri)
-    source = client.get_model_version("judge", "2").source
-
-    def down(self, artifact_path=None):
-        raise OSError("artifact store unavailable")
-
-    with monkeypatch.context() as m:
-        m.setattr(LocalArtifactRepository, "delete_artifacts", down)
-        with pytest.raises(OSError, match="unavailable"):
-            retention.prune(cfg, 1)
-    assert "2" not in {v.version for v in client.search_model_versions("name='judge'")}
-    assert [f.path for f in client.list_artifacts(made_by[2], "export")] == ["export/model.safetensors"]
+    source = _orphan_judge_2(cfg, client, made_by, monkeypatch)
 
     three = client.get_model_version("judge", "3")  # a deletion that failed before its registry entry went
     client.set_tag(made_by[3], "flywheel.weights_pending",
@@ -360,6 +348,49 @@ def test_weights_a_failed_prune_left_behind_go_with_the_next(versions, monkeypat
     assert retention.plan_for(cfg, 1).orphans == []
     for kept in (3, 7):  # a registered version's weights are never orphans
         assert [f.path for f in client.list_artifacts(made_by[kept], "export")] == ["export/model.safetensors"]
+
+
+def _orphan_judge_2(cfg: Config, client: MlflowClient, made_by: dict, monkeypatch) -> str:
+    """A prune whose deletion of judge/2's weights fails (the artifact store down: faked, as it cannot fail here)
+    after the version left the registry; returns the weights' URI."""
+    from mlflow.store.artifact.local_artifact_repo import LocalArtifactRepository
+
+    source = client.get_model_version("judge", "2").source
+
+    def down(self, artifact_path=None):
+        raise OSError("artifact store unavailable")
+
+    with monkeypatch.context() as m:
+        m.setattr(LocalArtifactRepository, "delete_artifacts", down)
+        with pytest.raises(OSError, match="unavailable"):
+            retention.prune(cfg, 1)
+    assert "2" not in {v.version for v in client.search_model_versions("name='judge'")}
+    assert [f.path for f in client.list_artifacts(made_by[2], "export")] == ["export/model.safetensors"]
+    return source
+
+
+def test_a_registry_that_cannot_answer_is_no_proof_of_an_orphan(versions, monkeypatch):
+    """Whether a pending version is still registered is asked of the registry; an answer other than "no such
+    version" (the registry down: faked, as it cannot fail here) stops the prune before anything goes, never takes the
+    weights for orphans."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.protos.databricks_pb2 import TEMPORARILY_UNAVAILABLE
+
+    _, _, made_by, copies = versions
+    cfg = load_config(None, [f"run.workdir={copies[1].parents[2]}", "storage.prune_model_versions=true"])
+    client = MlflowClient(cfg.tracking.uri)
+    _orphan_judge_2(cfg, client, made_by, monkeypatch)
+
+    def down(self, name, version):
+        raise MlflowException("registry unavailable", error_code=TEMPORARILY_UNAVAILABLE)
+
+    monkeypatch.setattr(MlflowClient, "get_model_version", down)
+    with pytest.raises(MlflowException, match="registry unavailable"):
+        retention.prune(cfg, 1)
+    assert [f.path for f in client.list_artifacts(made_by[2], "export")] == ["export/model.safetensors"]
+    assert _exists(cfg, 0, "prompts")  # nothing else went either
+    monkeypatch.undo()
+    assert [v.label() for v in retention.plan_for(cfg, 1).orphans] == ["judge/2"]
 
 
 def test_prune_is_refused_while_an_iteration_runs(store):
