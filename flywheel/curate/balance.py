@@ -18,7 +18,7 @@ from collections.abc import Callable, Hashable, Iterable, Sequence
 
 import numpy as np
 
-from flywheel.curate.config import ScoreBalanceConfig, SubtaskRebalanceConfig
+from flywheel.curate.config import ProtocolWeightsConfig, ScoreBalanceConfig, SubtaskRebalanceConfig
 from flywheel.curate.report import FilterReport, make_report, meta_of, num, row_key
 
 KeyFn = Callable[[dict], "tuple[Hashable, Hashable] | None"]
@@ -167,3 +167,23 @@ def rebalance_subtasks(rows: Iterable[dict], cfg: SubtaskRebalanceConfig | None 
         return rows, make_report("subtask_rebalance", len(rows), len(rows), {})
     return rebalance(rows, subtask_key(cfg.protocols), seed=seed, upsample=cfg.upsample, downsample=cfg.downsample,
                      name="subtask_rebalance")
+
+
+def weight_protocols(rows: Iterable[dict], cfg: ProtocolWeightsConfig | None = None, *,
+                     seed: int = 0) -> tuple[list[dict], FilterReport]:
+    """Each named protocol's SFT rows scaled by its weight as a whole: the bucket's target is round(n x weight),
+    reached by the Q3 rule's repetition or cut (`resample`), so a weight of 1.5 repeats a seeded half once."""
+    cfg = cfg or ProtocolWeightsConfig()
+    rows = list(rows)
+    counts = [1] * len(rows)
+    by_protocol: dict = defaultdict(list)
+    for i, r in enumerate(rows):
+        if r.get("protocol") in cfg.weights:
+            by_protocol[r["protocol"]].append(i)
+    for protocol, idx in by_protocol.items():
+        target = max(1, math.floor(len(idx) * cfg.weights[protocol] + 0.5))
+        for i, c in resample(rows, idx, target, _rng(seed, "protocol_weights", None, protocol)).items():
+            counts[i] = c
+    out = _counts_to_rows(rows, counts)
+    stats = {"added": sum(c - 1 for c in counts if c > 1), "protocols": len(by_protocol)}
+    return out, make_report("protocol_weights", len(rows), len(out), {"downweighted": counts.count(0)}, stats)

@@ -5,6 +5,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from flywheel.records import PROTOCOLS
 from flywheel.strict_model import StrictModel
 
 
@@ -49,6 +50,26 @@ class SubtaskRebalanceConfig(StrictModel):
     upsample: bool = Field(True, description="Repeat rows of sub-tasks below the target (extraction, "
                            "summaries: the paper's remedy).")
     downsample: bool = Field(True, description="Sample sub-tasks above the target down to it.")
+
+
+class ProtocolWeightsConfig(StrictModel):
+    """How much of the judge SFT set each protocol makes, after the balances: one protocol's rows repeated (or cut)
+    as a whole, each row the same number of times up to a seeded remainder."""
+
+    weights: dict[str, float] = Field({}, description="Per protocol, the factor its SFT rows are scaled by (2: "
+                                      "every row twice; 1.5: every row once and a seeded half of them again; 0.5: a "
+                                      "seeded half kept). A protocol not named keeps its rows as they are. E.g. "
+                                      "{claims: 2} weights claim checks up against whole ratings.")
+
+    @model_validator(mode="after")
+    def _known_and_positive(self):
+        for name, w in self.weights.items():
+            if name not in PROTOCOLS:
+                raise ValueError(f"protocol_weights.weights: {name!r} is not a protocol; one of {list(PROTOCOLS)}")
+            if not w > 0:
+                raise ValueError(f"protocol_weights.weights.{name}: {w} must be > 0 (to train on none of a "
+                                 "protocol's rows, leave it out of judgments.protocols)")
+        return self
 
 
 class PairwiseCurateConfig(StrictModel):
@@ -110,6 +131,8 @@ class CurateConfig(StrictModel):
     score_balance: ScoreBalanceConfig = Field(ScoreBalanceConfig(), description="Score-distribution balance.")
     subtask_rebalance: SubtaskRebalanceConfig = Field(SubtaskRebalanceConfig(), description="T2I sub-task "
                                                       "rebalance of the SFT set.")
+    protocol_weights: ProtocolWeightsConfig = Field(ProtocolWeightsConfig(), description="Each protocol's share "
+                                                    "of the judge SFT set, scaled after the balances.")
     pairwise: PairwiseCurateConfig = Field(PairwiseCurateConfig(), description="Swap consistency and "
                                            "winner-position balance.")
     judge_pairs: JudgePairsConfig = Field(JudgePairsConfig(), description="Judge-DPO pairs.")

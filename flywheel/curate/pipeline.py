@@ -3,7 +3,8 @@ FilterReport returned in order (log them with flywheel.curate.metrics).
 
 Judge data (teacher judgments -> judge SFT + judge DPO):
   consistency (k samples -> 1 per item) -> swap consistency (pairwise) -> judge-DPO pairs -> winner-position
-  balance (pairwise) -> SFT rows (decomposed: six sample kinds) -> score balance -> sub-task rebalance.
+  balance (pairwise) -> SFT rows (decomposed: six sample kinds) -> score balance -> sub-task rebalance ->
+  protocol weights.
 Judge-DPO pairs are drawn before position balance (both orders of a consistent item make pairs) and after swap
 consistency (an item whose verdict flips with the order has no trustworthy chosen sample). Balancing runs on
 the SFT rows, so the decomposed protocol's per-question scores are balanced as the T2I paper does.
@@ -17,7 +18,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from flywheel.curate.balance import balance_scores, rebalance_subtasks
+from flywheel.curate.balance import balance_scores, rebalance_subtasks, weight_protocols
 from flywheel.curate.config import CurateConfig
 from flywheel.curate.consistency import consistency_filter, is_parse_error
 from flywheel.curate.judge_io import by_id
@@ -71,7 +72,9 @@ def curate_judge_data(judgments: Iterable[dict], prompts: Iterable[dict] | Mappi
     out.reports.append(rep)
     sft, rep = balance_scores(sft, cfg.score_balance, seed=cfg.seed)
     out.reports.append(rep)
-    out.sft, rep = rebalance_subtasks(sft, cfg.subtask_rebalance, seed=cfg.seed)
+    sft, rep = rebalance_subtasks(sft, cfg.subtask_rebalance, seed=cfg.seed)
+    out.reports.append(rep)
+    out.sft, rep = weight_protocols(sft, cfg.protocol_weights, seed=cfg.seed)
     out.reports.append(rep)
     return out
 

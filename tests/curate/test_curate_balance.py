@@ -6,8 +6,9 @@ import pytest
 from curate_helpers import candidate, check_report, pairwise, pointwise, prompt
 from pydantic import ValidationError
 
-from flywheel.curate.balance import balance_scores, cap, q3_target, rebalance, rebalance_subtasks, score_key
-from flywheel.curate.config import ScoreBalanceConfig, SubtaskRebalanceConfig
+from flywheel.curate.balance import (balance_scores, cap, q3_target, rebalance, rebalance_subtasks, score_key,
+                                     weight_protocols)
+from flywheel.curate.config import ProtocolWeightsConfig, ScoreBalanceConfig, SubtaskRebalanceConfig
 from flywheel.curate.report import row_key
 
 P = prompt()
@@ -141,3 +142,23 @@ def test_subtask_rebalance_q3_over_sample_kinds():
     check_report(rep, 48, 61, {}, added=13, passed_through=1)
     out, rep = rebalance_subtasks(rows, SubtaskRebalanceConfig(enabled=False))
     assert out == rows and rep.rows_out == len(rows)
+
+
+def test_protocol_weights_scale_one_protocols_rows_as_a_whole():
+    rows = [{"sft_id": f"sf_claim_{i}", "protocol": "claims"} for i in range(10)]
+    rows += [{"sft_id": f"sf_pt_{i}", "protocol": "pointwise"} for i in range(4)]
+    out, rep = weight_protocols(rows, ProtocolWeightsConfig(weights={"claims": 1.5}), seed=0)
+    got = Counter(r["sft_id"] for r in out)
+    assert sum(got[f"sf_claim_{i}"] for i in range(10)) == 15
+    assert sorted(got[f"sf_claim_{i}"] for i in range(10)) == [1] * 5 + [2] * 5  # a seeded half once more
+    assert all(got[f"sf_pt_{i}"] == 1 for i in range(4))  # not named: as they were
+    check_report(rep, 14, 19, {}, added=5, protocols=1)
+    again, _ = weight_protocols(list(reversed(rows)), ProtocolWeightsConfig(weights={"claims": 1.5}), seed=0)
+    assert Counter(r["sft_id"] for r in again) == got  # the same rows repeated in any input order
+    out, rep = weight_protocols(rows, ProtocolWeightsConfig(weights={"claims": 2, "pointwise": 0.5}))
+    assert Counter(r["protocol"] for r in out) == {"claims": 20, "pointwise": 2}
+    assert rep.dropped == {"downweighted": 2}
+    assert weight_protocols(rows)[0] == rows  # no weights: nothing changes
+    for bad, match in (({"claim": 2}, "not a protocol"), ({"claims": 0}, "must be > 0")):
+        with pytest.raises(ValidationError, match=match):
+            ProtocolWeightsConfig(weights=bad)

@@ -6,7 +6,7 @@ from curate_helpers import T2I_QUERY, _row, candidate, decomposed, pairwise, png
 from pydantic import BaseModel, ValidationError
 
 from flywheel.curate import CurateConfig, curate_judge_data, curate_policy_data, metrics
-from flywheel.curate.config import ScoreBalanceConfig
+from flywheel.curate.config import ProtocolWeightsConfig, ScoreBalanceConfig
 from flywheel.judge import pairwise as pw
 from flywheel.records import validate
 
@@ -28,7 +28,7 @@ def test_judge_data_end_to_end():
         method="none")))
     names = [r.name for r in out.reports]
     assert names == ["consistency", "swap_consistency", "judge_pairs", "position_balance", "judge_sft",
-                     "score_balance", "subtask_rebalance"]
+                     "score_balance", "subtask_rebalance", "protocol_weights"]
     rep = dict(zip(names, out.reports))
     assert rep["consistency"].rows_out == 4 + 2 + 2 + 1
     assert rep["swap_consistency"].dropped == {"position_inconsistent": 2}
@@ -49,6 +49,9 @@ def test_judge_data_end_to_end():
     again = curate_judge_data(*stored, CurateConfig(score_balance=ScoreBalanceConfig(method="none")))
     assert [r["sft_id"] for r in again.sft] == [r["sft_id"] for r in out.sft]
     assert [r["dpo_id"] for r in again.dpo] == [r["dpo_id"] for r in out.dpo]
+    weighted = curate_judge_data(rows, [p, t], cands + [img], CurateConfig(
+        score_balance=ScoreBalanceConfig(method="none"), protocol_weights=ProtocolWeightsConfig(weights={"pointwise": 2})))
+    assert Counter(r["protocol"] for r in weighted.sft) == Counter(r["protocol"] for r in out.sft) + Counter(pointwise=4)
     m = metrics(out.reports)
     assert m["curate.consistency.rows_in"] == len(rows) and m["curate.swap_consistency.dropped.position_inconsistent"]
     assert all(isinstance(v, float) for v in m.values())
