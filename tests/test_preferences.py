@@ -5,10 +5,8 @@ checks the plumbing and that unparsed outputs never become pairs; pair making it
 import contextlib
 import json
 import os
-import shutil
 import urllib.request
 
-import mlflow
 import pytest
 import ray
 
@@ -19,7 +17,7 @@ from flywheel.preferences import make_preferences, pairs_vs_oracle, relabel
 from flywheel.raycluster import free_port
 from flywheel.serve.app import deploy
 from flywheel.track import Tracker
-from flywheel.train import registry
+from registry_helpers import register_judge
 
 
 @pytest.fixture
@@ -48,17 +46,6 @@ def _iteration(cfg):
         yield tracker, stage, res
 
 
-def _register_champion(cfg, judge_dir):
-    export = os.path.join(cfg.run.workdir, "export")
-    shutil.copytree(judge_dir, os.path.join(export, "model"), ignore=shutil.ignore_patterns(".*"))
-    with open(os.path.join(export, "flywheel.json"), "w") as f:
-        json.dump({"training": "judge_sft", "base": "zoo:judge"}, f)
-    with mlflow.start_run(experiment_id=Tracker(cfg).experiment_id) as run:
-        mv = registry.register(cfg, "judge_sft", export, run.info.run_id, {"flywheel.training": "judge_sft"})
-    registry.client(cfg).set_registered_model_alias(mv.name, "champion", mv.version)
-    return registry.describe(mv)
-
-
 def test_without_a_champion_nothing_is_ranked(pcfg):
     with _iteration(pcfg) as (tracker, stage, res):
         assert make_preferences(pcfg, pcfg, paths(pcfg, 0), 0, tracker, stage, res) == {}
@@ -69,7 +56,7 @@ def test_without_a_champion_nothing_is_ranked(pcfg):
 def test_candidates_are_judged_through_serve_by_the_champion(pcfg, zoo, monkeypatch):
     from ray import serve
 
-    version = _register_champion(pcfg, zoo["judge"])
+    version = register_judge(pcfg, zoo["judge"])
     p = paths(pcfg, 0)
     ray.init(address="local", num_cpus=2, include_dashboard=False)
     try:

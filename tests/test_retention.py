@@ -464,3 +464,29 @@ def test_a_model_whose_aliases_cannot_be_read_keeps_every_copy(versions, monkeyp
     plan = retention.plan_for(cfg, 1)
     assert plan.model_copies == 0 and plan.datasets > 0
     assert "registered model judge not read" in caplog.text
+
+
+def test_a_version_flywheel_serve_serves_is_pinned_against_retention(versions):
+    """`flywheel serve` of a registered version aliases it (serving-<app>) while the app serves it: a replica that
+    restarts loads its weights again, so neither the version nor its local copy may go; unpinned, they go as before.
+    Unpinning leaves an alias a later deployment of the app moved to another version."""
+    from flywheel.serve.model import ServedModel, pin, unpin
+
+    _, _, _, copies = versions
+    cfg = load_config(None, [f"run.workdir={copies[1].parents[2]}", "storage.prune_model_versions=true"])
+    client = MlflowClient(cfg.tracking.uri)
+    served = {v: ServedModel(ref=f"models:/judge/{v}", uri=f"models:/judge/{v}", version=f"models:/judge/{v}")
+              for v in (2, 8)}
+    assert pin(cfg, served[2], "by hand") == "serving-by-hand"
+    assert str(client.get_model_version_by_alias("judge", "serving-by-hand").version) == "2"
+    plan = retention.plan_for(cfg, 1)
+    assert plan.versions[2] == [] and copies[2] not in [c.path for c in plan.copies[2]]
+    assert copies[8] in [c.path for c in plan.copies[2]]  # the unpinned one still goes
+
+    assert pin(cfg, served[8], "by hand") == "serving-by-hand"  # the app deployed again, with 8: the alias moves
+    unpin(cfg, served[2], "by hand")  # the first deployment's end: 8's alias stays
+    assert str(client.get_model_version_by_alias("judge", "serving-by-hand").version) == "8"
+    unpin(cfg, served[8], "by hand")
+    assert "serving-by-hand" not in client.get_registered_model("judge").aliases
+    assert [v.label() for v in retention.plan_for(cfg, 1).versions[2]] == ["judge/2"]
+    assert pin(cfg, ServedModel(ref="zoo:judge", uri="/some/folder", version="zoo:judge@x"), "by hand") is None

@@ -50,6 +50,7 @@ def serve_command(config: ConfigOpt = Path("configs/local.yaml"), overrides: Ove
     from ray import serve
 
     from flywheel.serve.app import deploy
+    from flywheel.serve.model import pin, unpin
 
     try:
         d = deploy(cfg)
@@ -57,13 +58,22 @@ def serve_command(config: ConfigOpt = Path("configs/local.yaml"), overrides: Ove
         error(console, f"serve failed: {type(e).__name__}: {e}")
         raise typer.Exit(1) from None
     console.print(f"judge [bold]{d.served.version}[/bold] serving at {d.url}")
+    try:
+        alias = pin(cfg, d.served, d.app_name)
+    except Exception as e:  # noqa: BLE001 - the app serves all the same; say what is not protected
+        alias = None
+        console.print(f"[yellow]not pinned in the registry ({type(e).__name__}: {e}): a prune with "
+                      "storage.prune_model_versions may delete this version's weights[/yellow]")
+    if alias:
+        console.print(f"  pinned:  registry alias {alias!r}; retention keeps the version an alias names")
     console.print(f"  health:  curl {d.url}/healthz")
     console.print(f"  OpenAI:  base_url={d.openai_base_url}  model={cfg.serve.model_name}")
     if cfg.serve.auth_token_env:
         console.print(f"  auth:    Authorization: Bearer ${cfg.serve.auth_token_env}")
     if detach:
         console.print(f"deployed as Serve application {d.app_name!r}; it keeps running on the cluster "
-                      f"(stop it with `serve delete {d.app_name}` or serve.delete)")
+                      f"(stop it with `serve delete {d.app_name}` or serve.delete"
+                      + (f", then delete the alias {alias!r})" if alias else ")"))
         return
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -76,6 +86,8 @@ def serve_command(config: ConfigOpt = Path("configs/local.yaml"), overrides: Ove
     else:
         serve.shutdown()
     ray.shutdown()
+    if alias:
+        unpin(cfg, d.served, d.app_name)
 
 
 serve_app = typer.Typer(help="Serve the judge model.", add_completion=False, pretty_exceptions_enable=False)

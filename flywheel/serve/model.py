@@ -10,6 +10,7 @@ version, so every replica serves the same weights even if an alias moves while t
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -54,3 +55,34 @@ def local_weights(cfg: Config, served: ServedModel) -> str:
     from flywheel.train.registry import is_registry_uri, resolve_base
 
     return resolve_base(cfg, served.uri) if is_registry_uri(served.uri) else served.uri
+
+
+def serving_alias(app_name: str) -> str:
+    """The registry alias `flywheel serve` pins its registered version with (MLflow allows word characters and -)."""
+    return "serving-" + re.sub(r"[^\w-]", "-", app_name)
+
+
+def pin(cfg: Config, served: ServedModel, app_name: str) -> str | None:
+    """Alias the registered version an app serves, so retention (storage.prune_model_versions), which keeps what an
+    alias names, never deletes the weights a replica restarting would load; returns the alias (None: not a
+    registered version). Deploying the app again moves it."""
+    from flywheel.train import registry
+
+    if not registry.is_registry_uri(served.uri):
+        return None
+    name, version, _ = registry.parse_uri(served.uri)
+    alias = serving_alias(app_name)
+    registry.client(cfg).set_registered_model_alias(name, alias, version)
+    return alias
+
+
+def unpin(cfg: Config, served: ServedModel, app_name: str) -> None:
+    """Remove the app's alias if it still names this version (a later deployment of the app may have moved it)."""
+    from flywheel.train import registry
+
+    if not registry.is_registry_uri(served.uri):
+        return
+    name, version, _ = registry.parse_uri(served.uri)
+    client, alias = registry.client(cfg), serving_alias(app_name)
+    if str(client.get_registered_model(name).aliases.get(alias)) == version:
+        client.delete_registered_model_alias(name, alias)

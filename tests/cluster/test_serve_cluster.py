@@ -15,8 +15,10 @@ import urllib.request
 
 import pytest
 from cluster_helpers import VENV_BIN
+from mlflow import MlflowClient
+from registry_helpers import register_judge
 
-from flywheel.config import REPO_ROOT
+from flywheel.config import REPO_ROOT, load_config
 from flywheel.raycluster import free_port
 
 pytestmark = pytest.mark.cluster
@@ -64,18 +66,28 @@ def _url_of(proc: subprocess.Popen, until: str) -> tuple[str, str]:
 
 @pytest.mark.slow  # ~70 s on 2 cores (two Serve apps from two CLI processes)
 def test_a_blocking_serve_on_a_cluster_ends_only_its_own_app(local_ray_cluster, zoo, tmp_path):
+    """Each serves a registered version, pinned by its app's alias (retention keeps what an alias names): the
+    blocking one's alias goes with its app, the detached one's stays with its app."""
+    cfg = load_config(REPO_ROOT / "configs" / "local.yaml", [f"run.workdir={tmp_path}"])
+    registry = MlflowClient(cfg.tracking.uri)
+    served = {app: register_judge(cfg, zoo["judge"], alias=None, tag=app) for app in ("keeper", "blocker")}
     keeper = blocker = None
     try:
-        keeper = _serve(local_ray_cluster, zoo["judge"], "keeper", "--detach", tmp_path)
+        keeper = _serve(local_ray_cluster, served["keeper"], "keeper", "--detach", tmp_path)
         keeper_url, out = _url_of(keeper, "keeps running on the cluster")
         assert keeper.wait(timeout=120) == 0, out
-        blocker = _serve(local_ray_cluster, zoo["judge"], "blocker", "--block", tmp_path)
+        assert "then delete the alias 'serving-keeper'" in out.replace("\n", "")
+        blocker = _serve(local_ray_cluster, served["blocker"], "blocker", "--block", tmp_path)
         blocker_url, out = _url_of(blocker, "Ctrl-C to stop")
         assert _status(f"{blocker_url}/healthz") == 200 == _status(f"{keeper_url}/healthz")
+        aliases = registry.get_registered_model("judge").aliases
+        assert {a: f"models:/judge/{v}" for a, v in aliases.items()} == {
+            "serving-keeper": served["keeper"], "serving-blocker": served["blocker"]}
         blocker.send_signal(signal.SIGINT)
         assert blocker.wait(timeout=120) == 0, out
         assert _status(f"{blocker_url}/healthz") == 404  # its app is gone ...
         assert _status(f"{keeper_url}/healthz") == 200  # ... and the other app, and Serve itself, still answer
+        assert set(registry.get_registered_model("judge").aliases) == {"serving-keeper"}
     finally:
         for proc in (keeper, blocker):
             if proc is not None:

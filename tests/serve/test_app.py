@@ -12,7 +12,6 @@ import io
 import json
 import os
 import re
-import shutil
 import socket
 import time
 from collections import Counter
@@ -24,6 +23,7 @@ import requests
 from PIL import Image
 
 from flywheel.config import REPO_ROOT, load_config
+from registry_helpers import register_judge
 
 TOKEN_ENV = "FLYWHEEL_SERVE_TEST_TOKEN"
 TOKEN = "test-token-4f1c"
@@ -46,26 +46,6 @@ def b64(data: bytes) -> str:
     return base64.b64encode(data).decode()
 
 
-def register_champion(cfg, judge_dir) -> str:
-    """Register the zoo judge as a version of MODEL (the way the training plane registers its exports) and point
-    the `champion` alias at it."""
-    import mlflow
-
-    from flywheel.track import Tracker
-    from flywheel.train import registry
-
-    tracker = Tracker(cfg)
-    export = os.path.join(cfg.run.workdir, "serve-test-export")
-    shutil.rmtree(export, ignore_errors=True)
-    shutil.copytree(judge_dir, os.path.join(export, "model"), ignore=shutil.ignore_patterns(".*"))
-    with open(os.path.join(export, "flywheel.json"), "w") as f:
-        json.dump({"training": "judge_sft", "base": "zoo:judge"}, f)
-    with mlflow.start_run(experiment_id=tracker.experiment_id, run_name="serve-test-register") as run:
-        mv = registry.register(cfg, "judge_sft", export, run.info.run_id, {"flywheel.training": "judge_sft"})
-    registry.client(cfg).set_registered_model_alias(MODEL, "champion", mv.version)
-    return f"models:/{MODEL}/{mv.version}"
-
-
 @pytest.fixture(scope="module")
 def app(cfg, zoo):
     import ray
@@ -80,7 +60,7 @@ def app(cfg, zoo):
         "serve.max_queued_requests=8", "serve.limits.max_body_bytes=200000", "serve.limits.max_image_pixels=4096",
         "serve.limits.max_items=4", "serve.limits.max_images=6", "serve.limits.max_tokens=64",
         "judge.generation.max_new_tokens=16", "resources.serve.actors=1", "resources.serve.num_cpus=1"])
-    version = register_champion(scfg, zoo["judge"])
+    version = register_judge(scfg, zoo["judge"], tag="serve-test")
     old_token = os.environ.get(TOKEN_ENV)
     os.environ[TOKEN_ENV] = TOKEN
     started_ray = not ray.is_initialized()
