@@ -490,3 +490,35 @@ def test_a_version_flywheel_serve_serves_is_pinned_against_retention(versions):
     assert "serving-by-hand" not in client.get_registered_model("judge").aliases
     assert [v.label() for v in retention.plan_for(cfg, 1).versions[2]] == ["judge/2"]
     assert pin(cfg, ServedModel(ref="zoo:judge", uri="/some/folder", version="zoo:judge@x"), "by hand") is None
+
+
+def test_flywheel_serve_warns_when_the_registry_cannot_pin_or_unpin(versions, monkeypatch):
+    """The app is up (pin) or already down (unpin) when the registry is written: a registry that refuses the write (a
+    real one: nothing listens at the tracking URI) is a warning that names what retention no longer protects or what
+    alias is left, never a failed command; with the registry up, the same calls pin and unpin."""
+    import io
+
+    from rich.console import Console
+
+    from flywheel.serve.cli import pin_or_warn, unpin_or_warn
+    from flywheel.serve.model import ServedModel
+
+    _, _, _, copies = versions
+    workdir = copies[1].parents[2]
+    served = ServedModel(ref="models:/judge/2", uri="models:/judge/2", version="models:/judge/2")
+    out = io.StringIO()
+    console = Console(file=out, width=400)
+
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    down = load_config(None, [f"run.workdir={workdir}", "tracking.uri=http://127.0.0.1:1"])
+    assert pin_or_warn(down, served, "by hand", console) is None
+    assert "not pinned in the registry" in out.getvalue() and "may delete this version's weights" in out.getvalue()
+    unpin_or_warn(down, served, "by hand", "serving-by-hand", console)
+    assert "'serving-by-hand' on models:/judge/2 was not removed" in out.getvalue()
+
+    cfg = load_config(None, [f"run.workdir={workdir}"])
+    assert pin_or_warn(cfg, served, "by hand", console) == "serving-by-hand"
+    assert "pinned:  registry alias 'serving-by-hand'" in out.getvalue()
+    assert str(MlflowClient(cfg.tracking.uri).get_model_version_by_alias("judge", "serving-by-hand").version) == "2"
+    unpin_or_warn(cfg, served, "by hand", "serving-by-hand", console)
+    assert "serving-by-hand" not in MlflowClient(cfg.tracking.uri).get_registered_model("judge").aliases

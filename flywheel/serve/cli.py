@@ -9,9 +9,15 @@ Imports stay inside the function so `flywheel --help` does not load Ray.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from flywheel.config import Config
+    from flywheel.serve.model import ServedModel
 
 ConfigOpt = Annotated[Path, typer.Option("--config", "-c", help="A YAML config under configs/.")]
 Overrides = Annotated[list[str] | None, typer.Argument(help="Dotted overrides, e.g. serve.port=8001 "
@@ -50,7 +56,6 @@ def serve_command(config: ConfigOpt = Path("configs/local.yaml"), overrides: Ove
     from ray import serve
 
     from flywheel.serve.app import deploy
-    from flywheel.serve.model import pin, unpin
 
     try:
         d = deploy(cfg)
@@ -58,14 +63,7 @@ def serve_command(config: ConfigOpt = Path("configs/local.yaml"), overrides: Ove
         error(console, f"serve failed: {type(e).__name__}: {e}")
         raise typer.Exit(1) from None
     console.print(f"judge [bold]{d.served.version}[/bold] serving at {d.url}")
-    try:
-        alias = pin(cfg, d.served, d.app_name)
-    except Exception as e:  # noqa: BLE001 - the app serves all the same; say what is not protected
-        alias = None
-        console.print(f"[yellow]not pinned in the registry ({type(e).__name__}: {e}): a prune with "
-                      "storage.prune_model_versions may delete this version's weights[/yellow]")
-    if alias:
-        console.print(f"  pinned:  registry alias {alias!r}; retention keeps the version an alias names")
+    alias = pin_or_warn(cfg, d.served, d.app_name, console)
     console.print(f"  health:  curl {d.url}/healthz")
     console.print(f"  OpenAI:  base_url={d.openai_base_url}  model={cfg.serve.model_name}")
     if cfg.serve.auth_token_env:
@@ -87,7 +85,35 @@ def serve_command(config: ConfigOpt = Path("configs/local.yaml"), overrides: Ove
         serve.shutdown()
     ray.shutdown()
     if alias:
-        unpin(cfg, d.served, d.app_name)
+        unpin_or_warn(cfg, d.served, d.app_name, alias, console)
+
+
+def pin_or_warn(cfg: Config, served: ServedModel, app_name: str, console: Console) -> str | None:
+    """Pin the served version (flywheel/serve/model.py) and say so; a registry that cannot be written is a warning,
+    not a failed serve: the app is up, only retention's protection is missing. Returns the alias set, if any."""
+    from flywheel.serve.model import pin
+
+    try:
+        alias = pin(cfg, served, app_name)
+    except Exception as e:  # noqa: BLE001 - the app serves all the same; say what is not protected
+        console.print(f"[yellow]not pinned in the registry ({type(e).__name__}: {e}): a prune with "
+                      "storage.prune_model_versions may delete this version's weights[/yellow]")
+        return None
+    if alias:
+        console.print(f"  pinned:  registry alias {alias!r}; retention keeps the version an alias names")
+    return alias
+
+
+def unpin_or_warn(cfg: Config, served: ServedModel, app_name: str, alias: str, console: Console) -> None:
+    """Unpin after the app stopped; a registry that cannot be written leaves the alias, which only keeps the version
+    from retention: a warning naming it, not an error (the app is already down)."""
+    from flywheel.serve.model import unpin
+
+    try:
+        unpin(cfg, served, app_name)
+    except Exception as e:  # noqa: BLE001 - the app is stopped; what is left is an alias to delete by hand
+        console.print(f"[yellow]the registry alias {alias!r} on {served.version} was not removed ({type(e).__name__}: "
+                      f"{e}): retention keeps that version until the alias is deleted[/yellow]")
 
 
 serve_app = typer.Typer(help="Serve the judge model.", add_completion=False, pretty_exceptions_enable=False)
