@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections import Counter, defaultdict
+from collections import defaultdict
 from collections.abc import Callable, Hashable, Iterable, Sequence
 
 import numpy as np
@@ -106,24 +106,30 @@ def resample(rows: Sequence[dict], indices: list[int], target: int, rng: random.
     return {i: 1 for i in order}
 
 
+def _resample_buckets(rows: list[dict], strata: dict, target: Callable[[dict, list[int]], int], *, seed: int,
+                      name: str, upsample: bool = True, downsample: bool = True) -> list[int]:
+    """How many times each row appears once every bucket is resampled (`resample`) to `target(its stratum's buckets,
+    its indices)`; rows in no bucket stay once."""
+    counts = [1] * len(rows)
+    for stratum, buckets in strata.items():
+        for bucket, idx in buckets.items():
+            for i, c in resample(rows, idx, target(buckets, idx), _rng(seed, name, stratum, bucket),
+                                 upsample=upsample, downsample=downsample).items():
+                counts[i] = c
+    return counts
+
+
 def rebalance(rows: Iterable[dict], key: KeyFn, *, seed: int = 0, upsample: bool = True, downsample: bool = True,
               name: str = "q3_rebalance") -> tuple[list[dict], FilterReport]:
     """The Q3 rule (module docstring) over the buckets of each stratum."""
     rows = list(rows)
     strata, passed = _strata(rows, key)
-    counts = [1] * len(rows)
-    stats = Counter(passed_through=passed, strata=len(strata))
-    for stratum, buckets in strata.items():
-        target = q3_target([len(v) for v in buckets.values()])
-        stats["buckets"] += len(buckets)
-        for bucket, idx in buckets.items():
-            for i, c in resample(rows, idx, target, _rng(seed, name, stratum, bucket), upsample=upsample,
-                                 downsample=downsample).items():
-                counts[i] = c
-    out = _counts_to_rows(rows, counts)
-    removed = sum(1 for c in counts if c == 0)
-    stats["added"] = sum(c - 1 for c in counts if c > 1)
-    return out, make_report(name, len(rows), len(out), {"downsampled": removed}, stats)
+    counts = _resample_buckets(rows, strata, lambda buckets, _: q3_target([len(v) for v in buckets.values()]),
+                               seed=seed, name=name, upsample=upsample, downsample=downsample)
+    stats = {"passed_through": passed, "strata": len(strata), "buckets": sum(len(b) for b in strata.values()),
+             "added": sum(c - 1 for c in counts if c > 1)}
+    return _counts_to_rows(rows, counts), make_report(name, len(rows), sum(counts), {"downsampled": counts.count(0)},
+                                                      stats)
 
 
 def cap(rows: Iterable[dict], cap_per_bucket: int, key: KeyFn = score_key, *, seed: int = 0,
@@ -134,15 +140,10 @@ def cap(rows: Iterable[dict], cap_per_bucket: int, key: KeyFn = score_key, *, se
         raise ValueError(f"cap must be >= 1, got {cap_per_bucket}")
     rows = list(rows)
     strata, passed = _strata(rows, key)
-    counts = [1] * len(rows)
-    for stratum, buckets in strata.items():
-        for bucket, idx in buckets.items():
-            for i, c in resample(rows, idx, cap_per_bucket, _rng(seed, name, stratum, bucket),
-                                 upsample=False).items():
-                counts[i] = c
-    out = _counts_to_rows(rows, counts)
+    counts = _resample_buckets(rows, strata, lambda *_: cap_per_bucket, seed=seed, name=name, upsample=False)
     stats = {"passed_through": passed, "strata": len(strata), "buckets": sum(len(b) for b in strata.values())}
-    return out, make_report(name, len(rows), len(out), {"over_cap": counts.count(0)}, stats)
+    return _counts_to_rows(rows, counts), make_report(name, len(rows), sum(counts), {"over_cap": counts.count(0)},
+                                                      stats)
 
 
 def balance_scores(rows: Iterable[dict], cfg: ScoreBalanceConfig | None = None, *, seed: int = 0,
@@ -175,15 +176,10 @@ def weight_protocols(rows: Iterable[dict], cfg: ProtocolWeightsConfig | None = N
     reached by the Q3 rule's repetition or cut (`resample`), so a weight of 1.5 repeats a seeded half once."""
     cfg = cfg or ProtocolWeightsConfig()
     rows = list(rows)
-    counts = [1] * len(rows)
-    by_protocol: dict = defaultdict(list)
-    for i, r in enumerate(rows):
-        if r.get("protocol") in cfg.weights:
-            by_protocol[r["protocol"]].append(i)
-    for protocol, idx in by_protocol.items():
-        target = max(1, math.floor(len(idx) * cfg.weights[protocol] + 0.5))
-        for i, c in resample(rows, idx, target, _rng(seed, "protocol_weights", None, protocol)).items():
-            counts[i] = c
-    out = _counts_to_rows(rows, counts)
-    stats = {"added": sum(c - 1 for c in counts if c > 1), "protocols": len(by_protocol)}
-    return out, make_report("protocol_weights", len(rows), len(out), {"downweighted": counts.count(0)}, stats)
+    strata, _ = _strata(rows, lambda r: (None, r["protocol"]) if r.get("protocol") in cfg.weights else None)
+    # one bucket per protocol, its target round(n x weight) (half up)
+    counts = _resample_buckets(rows, strata, lambda buckets, idx: max(1, math.floor(
+        len(idx) * cfg.weights[rows[idx[0]]["protocol"]] + 0.5)), seed=seed, name="protocol_weights")
+    stats = {"added": sum(c - 1 for c in counts if c > 1), "protocols": sum(len(b) for b in strata.values())}
+    return _counts_to_rows(rows, counts), make_report("protocol_weights", len(rows), sum(counts),
+                                                      {"downweighted": counts.count(0)}, stats)
