@@ -25,7 +25,7 @@ from flywheel.worlds.shapes.policy_config import BasePoliciesConfig
 from flywheel.worlds.shapes.config import ShapesWorldConfig
 from flywheel.worlds.shapes.oracle_config import GoldConfig, check_protocols
 from flywheel.worlds.shapes.oracle_config import TeacherConfig as OracleTeacherConfig
-from flywheel.worlds.shapes.suites import SplitConfig, SuitesConfig
+from flywheel.worlds.shapes.suites import TASK_OF, SplitConfig, SuitesConfig
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -395,6 +395,14 @@ class PreferencesConfig(StrictModel):
     def _counts(self) -> PreferencesConfig:
         if not self.sources:  # the files' sub-tasks are only known when they are read
             self.suites()  # unknown sub-tasks or a count map that misses one fail at load, not mid-iteration
+            unjudged = sorted(s for s in self.subtasks if TASK_OF[s] not in self.protocols)
+            if unjudged:
+                # a mapping given here replaces the default whole: {iu: [pointwise, claims]} alone dropped ig,
+                # and the generator's candidates were sampled every iteration and never judged
+                raise ValueError(
+                    f"preferences.protocols {self.protocols} has no entry for the task of sub-tasks {unjudged}: "
+                    "their candidates would be sampled and never judged (no pairs, no update). Name every task, "
+                    "e.g. {iu: [pointwise], ig: [pointwise]}, or drop those sub-tasks from preferences.subtasks")
         return self
 
     def count(self, subtask: str, task: str) -> int:

@@ -253,3 +253,14 @@ def test_keep_promoted_needs_prune_model_versions(tmp_path):
     assert cfg.storage.keep_promoted == 3
     with pytest.raises(ConfigError, match="storage.keep_promoted: .*storage.prune_model_versions: true"):
         load_config(None, [f"run.workdir={tmp_path}", "storage.keep_promoted=3"])
+
+
+def test_preference_protocols_must_judge_every_sampled_task():
+    """A preferences.protocols mapping replaces the default whole: one naming iu alone (the claims override) left the
+    ig sub-tasks' candidates sampled and never judged, so the SDXL never got a pair (runs/clw). Refused by name."""
+    with pytest.raises(ConfigError, match=r"no entry for the task of sub-tasks \['ig_attribute_binding', "
+                                          r"'ig_relation', 'ig_single_object'\]"):
+        load_config(None, ["preferences.protocols={iu: [pointwise, claims]}"])
+    ok = load_config(None, ["preferences.protocols={iu: [pointwise, claims]}", "preferences.subtasks=[iu_color]"])
+    assert ok.preferences.protocols == {"iu": ["pointwise", "claims"]}  # no ig sub-task sampled: nothing unjudged
+    assert load_config(REPO_ROOT / "configs/local_claims.yaml").preferences.protocols["ig"] == ["pointwise"]
