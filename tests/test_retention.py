@@ -513,12 +513,12 @@ def test_flywheel_serve_warns_when_the_registry_cannot_pin_or_unpin(versions, mo
     down = load_config(None, [f"run.workdir={workdir}", "tracking.uri=http://127.0.0.1:1"])
     assert pin_or_warn(down, served, "by hand", console) is None
     assert "not pinned in the registry" in out.getvalue() and "may delete this version's weights" in out.getvalue()
-    unpin_or_warn(down, served, "by hand", "serving-by-hand", console)
+    unpin_or_warn(down, served, "by hand", console)
     assert "'serving-by-hand' on models:/judge/2 was not removed" in out.getvalue()
 
     cfg = load_config(None, [f"run.workdir={workdir}"])
     assert pin_or_warn(cfg, served, "by hand", console) == "serving-by-hand"
     assert "pinned:  registry alias 'serving-by-hand'" in out.getvalue()
     assert str(MlflowClient(cfg.tracking.uri).get_model_version_by_alias("judge", "serving-by-hand").version) == "2"
-    unpin_or_warn(cfg, served, "by hand", "serving-by-hand", console)
+    unpin_or_warn(cfg, served, "by hand", console)
     assert "serving-by-hand" not in MlflowClient(cfg.tracking.uri).get_registered_model("judge").aliases

@@ -85,7 +85,7 @@ def serve_command(config: ConfigOpt = Path("configs/local.yaml"), overrides: Ove
         serve.shutdown()
     ray.shutdown()
     if alias:
-        unpin_or_warn(cfg, d.served, d.app_name, alias, console)
+        unpin_or_warn(cfg, d.served, d.app_name, console)
 
 
 def pin_or_warn(cfg: Config, served: ServedModel, app_name: str, console: Console) -> str | None:
@@ -104,15 +104,15 @@ def pin_or_warn(cfg: Config, served: ServedModel, app_name: str, console: Consol
     return alias
 
 
-def unpin_or_warn(cfg: Config, served: ServedModel, app_name: str, alias: str, console: Console) -> None:
+def unpin_or_warn(cfg: Config, served: ServedModel, app_name: str, console: Console) -> None:
     """Unpin after the app stopped; a registry that cannot be written leaves the alias, which only keeps the version
     from retention: a warning naming it, not an error (the app is already down)."""
-    from flywheel.serve.model import unpin
+    from flywheel.serve.model import serving_alias, unpin
 
     try:
         unpin(cfg, served, app_name)
     except Exception as e:  # noqa: BLE001 - the app is stopped; what is left is an alias to delete by hand
-        console.print(f"[yellow]the registry alias {alias!r} on {served.version} was not removed ({type(e).__name__}: "
+        console.print(f"[yellow]the registry alias {serving_alias(app_name)!r} on {served.version} was not removed ({type(e).__name__}: "
                       f"{e}): retention keeps that version until the alias is deleted[/yellow]")
 
 
