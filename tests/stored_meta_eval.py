@@ -29,12 +29,16 @@ def _inputs(gold_uri: str) -> list[str]:
     return [storage.join(base, part) for part in ("judgments", "prompts", "candidates")]
 
 
-def write_gold(gold_uri: str, n: int, seed: int = 0, labeller: str = "oracle") -> list[str]:
+def write_gold(gold_uri: str, n: int, seed: int = 0, labeller: str = "oracle",
+               variants: list[tuple[str, str]] | None = None) -> list[str]:
     """n gold pairs (one per prompt; candidate A wins) under gold_uri/id-test; returns their gold ids in order.
-    Another `seed` makes another gold set (other pairs); another `labeller`, the same pairs under other ids."""
+    Another `seed` makes another gold set (other pairs); another `labeller`, the same pairs under other ids.
+    variants: pair i's candidates' gold variants (meta.variant, as the world's gold candidates carry them)."""
     prompts = with_ids("prompt", [_prompt(seed * 10_000 + i) for i in range(n)])
     cands = with_ids("candidate", [{"prompt_id": p["prompt_id"], "producer": "test", "output_text": f"{k} shapes.",
-                                    "output_images": [], "sample_index": k} for p in prompts for k in range(2)])
+                                    "output_images": [], "sample_index": k,
+                                    **({"meta": {"variant": variants[i][k]}} if variants else {})}
+                                   for i, p in enumerate(prompts) for k in range(2)])
     gold = with_ids("judgment", [_judgment(p["prompt_id"], [cands[2 * i]["candidate_id"],
                                                            cands[2 * i + 1]["candidate_id"]], labeller, verdict="A")
                                  for i, p in enumerate(prompts)])

@@ -1,0 +1,92 @@
+"""Where a judge loses gold pairs: per sub-task, the gold pairs it orders wrong by what their two candidates are
+(the oracle world's gold variants: correct, blur, extra, wrong_colour, ...), beside its noisy teacher's on the
+same pairs. Points the next experiment at what the judge cannot yet see, rather than at its overall accuracy.
+
+The outcomes are the gate's per-pair ones (flywheel.evaluate.meta.stored_outcomes), recomputed from the stored
+meta-eval of each iteration and of the teacher (which sits beside the gold); a variant pair reads "better >
+worse" by gold's verdict. Gold a user labelled (meta_eval.gold_files) has no variants: its pairs read "? > ?".
+
+    .venv/bin/python bench/judge_misses.py --run runs/clw --iterations 003 [--config configs/local_claims.yaml]
+        [--split id-test] [--metric all/pointwise_ranking/accuracy] [--all]
+
+Measured 2026-11-30 (runs/clw iteration 3, the 0.906 judge; its teacher 0.916 on the same 202 id-test pairs): the
+judge's 19 misses are 8 of 24 two-object drawings (ig_attribute_binding: a correct drawing under one with an
+extra object 2, under a noisy one 2, under a blurred one 1, under a wrong shape 1; a blurred one under an extra
+object and under a wrong shape 1 each), 6 of 24 draw-and-describe answers, 2 captions, 2 scene descriptions and 1
+single object; the teacher's 17 are 6 captions, 3 descriptions, 3 counts, 2 draw-and-describe, 1 each of the
+rest. What the judge misses and the teacher does not is in the drawings: noise, blur and extra objects.
+"""
+from __future__ import annotations
+
+import argparse
+from collections import Counter, defaultdict
+
+from flywheel import storage
+from flywheel.config import Config, load_config
+from flywheel.datasets import read_dataset
+from flywheel.evaluate import meta
+from flywheel.iteration import paths
+from flywheel.worlds.shapes.gold import variant_of
+
+
+def pair_kinds(cfg: Config, split: str) -> dict[str, tuple[str, str, str]]:
+    """Gold judgment id -> (sub-task, the better candidate's variant, the worse one's) of the split's pairs."""
+    base = storage.join(paths(cfg, 0)["gold"], split)
+    gold, prompts = meta.read_gold(base)
+    cands = {c["candidate_id"]: c for c in read_dataset(storage.join(base, "candidates"))[0].to_pylist()}
+    out = {}
+    for g in gold:
+        if g["protocol"] == "pairwise" and g["verdict"] in ("A", "B"):
+            a, b = (variant_of(cands[c]) or "?" for c in g["candidate_ids"])
+            better, worse = (a, b) if g["verdict"] == "A" else (b, a)
+            out[g["judgment_id"]] = (prompts[g["prompt_id"]].get("subtask") or "?", better, worse)
+    return out
+
+
+def outcomes(cfg: Config, output_uri: str, metric: str, who: str) -> dict[str, bool]:
+    try:
+        return meta.stored_outcomes(cfg, paths(cfg, 0)["gold"], output_uri, metric)
+    except meta.OutcomesUnavailable as e:
+        raise SystemExit(f"{who}: {e}") from None
+
+
+def misses(kinds: dict[str, tuple[str, str, str]], judge: dict[str, bool], teacher: dict[str, bool]) -> dict:
+    """(sub-task, better, worse) -> {"n", "judge", "teacher"}: the pairs of that kind both scored, and how many of
+    them each got wrong."""
+    table: dict[tuple, Counter] = defaultdict(Counter)
+    for key in judge.keys() & teacher.keys() & kinds.keys():
+        row = table[kinds[key]]
+        row["n"] += 1
+        row["judge"] += not judge[key]
+        row["teacher"] += not teacher[key]
+    return {k: dict(v) for k, v in sorted(table.items())}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--run", required=True, help="the run's workdir (run.workdir)")
+    ap.add_argument("--iterations", required=True, help="iterations, comma-separated (e.g. 002,003)")
+    ap.add_argument("--config", default="configs/local.yaml", help="the run's config (its split's ood sets)")
+    ap.add_argument("--split", default="id-test", help="a meta-eval split")
+    ap.add_argument("--metric", default="all/pointwise_ranking/accuracy", help="a per-pair accuracy, no split")
+    ap.add_argument("--all", action="store_true", help="list the kinds of pair neither gets wrong too")
+    args = ap.parse_args()
+    cfg = load_config(args.config, [f"run.workdir={args.run}"])
+    metric = f"{args.split}/{args.metric}"
+    kinds = pair_kinds(cfg, args.split)
+    teacher = outcomes(cfg, paths(cfg, 0)["meta-eval-teacher"], metric, "the teacher")
+    for it in (int(i) for i in args.iterations.split(",")):
+        judge = outcomes(cfg, paths(cfg, it)["meta-eval"], metric, f"{args.run}, iteration {it}")
+        rows = misses(kinds, judge, teacher)
+        n = sum(r["n"] for r in rows.values())
+        wrong_j, wrong_t = (sum(r.get(w, 0) for r in rows.values()) for w in ("judge", "teacher"))
+        print(f"{args.run} iteration {it:03d}, {metric}: judge wrong on {wrong_j} of {n} pairs, teacher on {wrong_t}")
+        print(f"  {'sub-task':28} {'better > worse':28} {'n':>3} {'judge':>6} {'teacher':>8}")
+        for (subtask, better, worse), r in rows.items():
+            if args.all or r.get("judge") or r.get("teacher"):
+                print(f"  {subtask:28} {better + ' > ' + worse:28} {r['n']:3d} {r.get('judge', 0):6d} "
+                      f"{r.get('teacher', 0):8d}")
+
+
+if __name__ == "__main__":
+    main()
