@@ -12,6 +12,8 @@
   NonFiniteLossError.
 - A journal (`journal.jsonl` in the run folder, written by a controller-side callback) lists every committed
   checkpoint; a finished run's final checkpoint holds its export (`export/`, safetensors) and `final.json`.
+- Ctrl-C: the driver waits on `fit()` run in a thread of its own (`fit_interruptibly`), so Ctrl-C raises
+  KeyboardInterrupt in the driver during a training as at any other point of an iteration.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -182,6 +185,32 @@ def driver_env(env: dict[str, str]):
                 os.environ[k] = v
 
 
+def fit_interruptibly(trainer, poll_s: float = 0.2):
+    """`trainer.fit()`, with Ctrl-C raising KeyboardInterrupt in the driver meanwhile.
+
+    Called from the main thread, Ray Train's fit() installs a SIGINT handler of its own (abort this run) and never
+    puts the previous one back: after an iteration's first training, Ctrl-C aborted an already finished run and
+    the iteration went on, and a third Ctrl-C exited with status 0. Off the main thread it installs none (as under
+    Ray Tune), so fit runs in a thread here and the main thread waits on it, where KeyboardInterrupt arrives as
+    anywhere else. The run is then left to the driver's exit, which ends its workers (Ray kills the actors of a
+    driver that is gone); the next launch resumes from its last committed checkpoint."""
+    out: dict = {}
+
+    def fit() -> None:
+        try:
+            out["result"] = trainer.fit()
+        except BaseException as e:  # handed to the waiting thread, which raises it
+            out["error"] = e
+
+    thread = threading.Thread(target=fit, name="ray-train-fit", daemon=True)  # daemon: Ctrl-C need not wait
+    thread.start()
+    while thread.is_alive():
+        thread.join(poll_s)
+    if "error" in out:
+        raise out["error"]
+    return out["result"]
+
+
 def worker_main(job: dict) -> None:
     """The function every Ray Train worker runs: dispatch to the training, handle the guard's stop."""
     import torch
@@ -254,7 +283,7 @@ def launch(cfg: Config, job: TrainJob, run_name: str, local_dir: str) -> LaunchR
     failure: Exception | None = None
     try:
         with driver_env(ray_train_env(cfg)):
-            result = trainer.fit()
+            result = fit_interruptibly(trainer)
         checkpoint = result.checkpoint
     except Exception as e:  # see below: the journal may show the run had in fact finished or stopped cleanly
         failure, checkpoint = e, None

@@ -4,6 +4,7 @@ driver's environment when a run starts, and do not outlive the start."""
 from __future__ import annotations
 
 import os
+import signal
 
 import pytest
 from ray.train.v2._internal.constants import get_env_vars_to_propagate
@@ -72,10 +73,39 @@ def test_a_worker_group_no_cluster_fits_fails_after_the_configured_wait(ray_loca
     job = TrainJob(training="judge_sft", config=cfg.model_dump(mode="json"), data="never-read", base="zoo:judge",
                    run_key="k")
     t0 = time.monotonic()
+    handler = signal.getsignal(signal.SIGINT)
     with pytest.raises(ActorsDidNotStart, match=r"3 workers, each with CPU 1, did not find room together within 2 s, "
                                                 r"2 times"):
         launch(cfg, job, "never-starts", str(tmp_path / "local"))
     assert time.monotonic() - t0 < 60
+    # Ray Train's fit() in the main thread leaves a SIGINT handler of its own behind: Ctrl-C would abort nothing
+    assert signal.getsignal(signal.SIGINT) is handler
+
+
+@pytest.mark.timeout(120)
+def test_ctrl_c_during_a_training_stops_the_driver(ray_local, tmp_path):
+    """Ctrl-C while fit() runs raises KeyboardInterrupt in the driver, as at any other point of an iteration (Ray
+    Train's own handler would have aborted the run and let the iteration go on to fail or continue)."""
+    import threading
+    import time
+
+    from flywheel.train.launcher import launch
+    from flywheel.train.worker import TrainJob
+
+    cfg = load_config(LOCAL, [f"run.workdir={tmp_path}", "ray.wait_for_actors_s=3", "resources.train.actors=3",
+                              "resources.train.num_cpus=1", "train.max_failures=1"])  # a run that waits ~6 s
+    job = TrainJob(training="judge_sft", config=cfg.model_dump(mode="json"), data="never-read", base="zoo:judge",
+                   run_key="k")
+    handler = signal.getsignal(signal.SIGINT)
+    threading.Timer(1.5, os.kill, (os.getpid(), signal.SIGINT)).start()  # the user's Ctrl-C
+    t0 = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        launch(cfg, job, "interrupted", str(tmp_path / "local"))
+    assert time.monotonic() - t0 < 5  # at once, not when the run ends
+    assert signal.getsignal(signal.SIGINT) is handler
+    for t in threading.enumerate():  # the abandoned run ends on its own (here: it never finds room)
+        if t.name == "ray-train-fit":
+            t.join(60)
 
 
 def test_a_bounded_wait_stays_bounded_when_workers_restart_for_ever(tmp_path):
