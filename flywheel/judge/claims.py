@@ -123,11 +123,15 @@ def candidate_scores(rows: Iterable[Mapping]) -> dict[tuple[str, str], float | N
     return {k: score(v) for k, v in ratings.items()}
 
 
+ROUNDING = 1e-9  # an expected rating a hair past the scale (5.000000000000001) is rounding, not a wrong rating
+
+
 def credit(rating: float) -> float:
     """A claim's credit 0..1 from its (expected) rating 1..5."""
-    if not pointwise.RATING_MIN <= rating <= pointwise.RATING_MAX:
-        raise ValueError(f"claim rating {rating} outside {pointwise.RATING_MIN}-{pointwise.RATING_MAX}")
-    return (rating - pointwise.RATING_MIN) / (pointwise.RATING_MAX - pointwise.RATING_MIN)
+    lo, hi = pointwise.RATING_MIN, pointwise.RATING_MAX
+    if not lo - ROUNDING <= rating <= hi + ROUNDING:
+        raise ValueError(f"claim rating {rating} outside {lo}-{hi}")
+    return min(max((rating - lo) / (hi - lo), 0.0), 1.0)
 
 
 def score(ratings: Sequence[float | None]) -> float | None:

@@ -150,7 +150,10 @@ def expected_rating(rating: int, logprobs: Sequence[TokenLogprobs]) -> float | N
         if r is not None:
             mass[r] = mass.get(r, 0.0) + math.exp(lp)
     total = sum(mass.values())
-    return sum(r * p for r, p in mass.items()) / total if total > 0 else None
+    if total <= 0:
+        return None
+    # a mean of the ratings present lies between them, but not in floating point: 5 * p / p can be 5.000000000000001
+    return min(max(sum(r * p for r, p in mass.items()) / total, min(mass)), max(mass))
 
 
 def to_judgment_fields(x: PointwiseJudgment | ParseError, logprobs: Sequence[TokenLogprobs] | None = None) -> dict:

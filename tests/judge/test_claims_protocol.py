@@ -43,3 +43,7 @@ def test_the_score_is_the_mean_credit_on_the_rating_scale_and_a_failed_claim_fai
     assert claims.score([5, None]) is None and claims.score([]) is None
     with pytest.raises(ValueError):
         claims.credit(7)
+    with pytest.raises(ValueError):
+        claims.credit(5.01)
+    # expected ratings stored before pointwise.expected_rating kept to the scale: rounding, read as the top
+    assert claims.credit(5.000000000000001) == 1.0 and claims.score([5.000000000000001, 1]) == 3

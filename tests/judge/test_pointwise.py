@@ -127,6 +127,16 @@ def test_expected_rating_weights_the_ratings_at_the_written_one():
     assert f["score"] == pytest.approx(3.6) and f["parsed"] == {"rating": 4, "expected_rating": pytest.approx(3.6)}
 
 
+def test_expected_rating_stays_on_the_scale_in_floating_point():
+    # 5 * p / p is 5.000000000000001 for this p: a claim scored from it was refused as outside 1-5, which stopped
+    # a meta-eval (runs/clb, 2026-11-30)
+    p = 0.46689223535252355
+    assert 5 * p / p > 5
+    assert pw.expected_rating(5, tokens((" 5", {" 5": p}))) == 5.0
+    assert pw.expected_rating(1, tokens(("1", {"1": p}))) == 1.0
+    assert pw.expected_rating(5, tokens((" 5", {" 5": 0.8454245937016164, " 4": 3.42312541078584e-16}))) <= 5
+
+
 def test_expected_rating_keeps_the_written_rating_without_its_token_and_never_rescues_a_parse_failure():
     steps = [("Rating", {"Rating": 1.0}), (":", {":": 1.0}), (" four", {" four": 0.6, " 3": 0.4})]
     assert pw.expected_rating(4, tokens(*steps)) is None
