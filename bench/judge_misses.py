@@ -52,7 +52,7 @@ def outcomes(cfg: Config, output_uri: str, metric: str, who: str) -> dict[str, b
 
 def misses(kinds: dict[str, tuple[str, str, str]], judge: dict[str, bool], teacher: dict[str, bool]) -> dict:
     """(sub-task, better, worse) -> {"n", "judge", "teacher"}: the pairs of that kind both scored, and how many of
-    them each got wrong."""
+    them each got wrong (every key present, 0 included)."""
     table: dict[tuple, Counter] = defaultdict(Counter)
     for key in judge.keys() & teacher.keys() & kinds.keys():
         row = table[kinds[key]]
@@ -79,13 +79,12 @@ def main() -> None:
         judge = outcomes(cfg, paths(cfg, it)["meta-eval"], metric, f"{args.run}, iteration {it}")
         rows = misses(kinds, judge, teacher)
         n = sum(r["n"] for r in rows.values())
-        wrong_j, wrong_t = (sum(r.get(w, 0) for r in rows.values()) for w in ("judge", "teacher"))
+        wrong_j, wrong_t = (sum(r[w] for r in rows.values()) for w in ("judge", "teacher"))
         print(f"{args.run} iteration {it:03d}, {metric}: judge wrong on {wrong_j} of {n} pairs, teacher on {wrong_t}")
         print(f"  {'sub-task':28} {'better > worse':28} {'n':>3} {'judge':>6} {'teacher':>8}")
         for (subtask, better, worse), r in rows.items():
-            if args.all or r.get("judge") or r.get("teacher"):
-                print(f"  {subtask:28} {better + ' > ' + worse:28} {r['n']:3d} {r.get('judge', 0):6d} "
-                      f"{r.get('teacher', 0):8d}")
+            if args.all or r["judge"] or r["teacher"]:
+                print(f"  {subtask:28} {better + ' > ' + worse:28} {r['n']:3d} {r['judge']:6d} {r['teacher']:8d}")
 
 
 if __name__ == "__main__":

@@ -112,8 +112,8 @@ def unpin_or_warn(cfg: Config, served: ServedModel, app_name: str, console: Cons
     try:
         unpin(cfg, served, app_name)
     except Exception as e:  # noqa: BLE001 - the app is stopped; what is left is an alias to delete by hand
-        console.print(f"[yellow]the registry alias {serving_alias(app_name)!r} on {served.version} was not removed ({type(e).__name__}: "
-                      f"{e}): retention keeps that version until the alias is deleted[/yellow]")
+        console.print(f"[yellow]the registry alias {serving_alias(app_name)!r} on {served.version} was not removed "
+                      f"({type(e).__name__}: {e}): retention keeps that version until the alias is deleted[/yellow]")
 
 
 serve_app = typer.Typer(help="Serve the judge model.", add_completion=False, pretty_exceptions_enable=False)
