@@ -26,6 +26,7 @@ from flywheel import failures
 from flywheel.config import Config
 
 log = logging.getLogger(__name__)
+_LOGGED = "_flywheel_stop_logged"  # set on an exception once a stage has logged it
 
 
 CODE_VERSION_ENV = "FLYWHEEL_CODE_VERSION"  # set by whoever submits a Ray job: its upload carries no .git
@@ -151,7 +152,12 @@ class Tracker:
                 yield run
             except BaseException as e:  # the run ends FAILED (KILLED for a Ctrl-C); the tag says why, in the UI
                 why = failures.summary(e)
-                log.error("stage %s stopped: %s", name, why)
+                if not getattr(e, _LOGGED, False):  # a nested stage (a training inside its iteration stage) said it
+                    log.error("stage %s stopped: %s", name, why)
+                    try:
+                        setattr(e, _LOGGED, True)
+                    except AttributeError:  # an exception type without attributes: said twice, not lost
+                        pass
                 mlflow.set_tag("flywheel.failure", why)
                 if self.parent is not None:
                     self.client.set_tag(self.parent.info.run_id, "flywheel.failure", f"stage {name}: {why}")

@@ -86,3 +86,17 @@ def test_a_stage_that_stops_says_why_on_its_run_and_the_iterations_until_a_resum
         assert again.info.run_id == parent.info.run_id
     assert "flywheel.failure" not in client.get_run(parent.info.run_id).data.tags
     assert client.get_run(stage.info.run_id).data.tags["flywheel.failure"]  # the stopped stage's record stays
+
+
+def test_a_stop_inside_a_nested_stage_is_logged_once(tracked_cfg, caplog):
+    """A training runs as a stage of its own inside its iteration's stage of the same name: one line, not two."""
+    tracker = Tracker(tracked_cfg)
+    with caplog.at_level("ERROR", logger="flywheel.track"):
+        with pytest.raises(KeyboardInterrupt), tracker.iteration(0):
+            with tracker.stage("judge-sft") as outer, tracker.stage("judge-sft") as inner:
+                raise KeyboardInterrupt
+    stops = [r.getMessage() for r in caplog.records if "stopped" in r.getMessage()]
+    assert stops == ["stage judge-sft stopped: KeyboardInterrupt"]
+    client = MlflowClient(tracking_uri=tracked_cfg.tracking.uri)  # both runs still say why, in the UI
+    assert client.get_run(outer.info.run_id).data.tags["flywheel.failure"] == "KeyboardInterrupt"
+    assert client.get_run(inner.info.run_id).data.tags["flywheel.failure"] == "KeyboardInterrupt"
