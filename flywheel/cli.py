@@ -161,7 +161,8 @@ def report(config: ConfigOpt = Path("configs/local.yaml"), overrides: Overrides 
 
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # a bar per summary read
     cfg = _load(config, overrides)
-    rows = iteration_rows(cfg)
+    with says_why_it_stopped(console):  # e.g. a tracking server that does not answer
+        rows = iteration_rows(cfg)
     if as_json:
         for r in rows:
             typer.echo(json.dumps(r.to_dict()))

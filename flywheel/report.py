@@ -126,10 +126,11 @@ def row_of(iteration: int, run_id: str, status: str, summary: dict | None,
 
 def iteration_rows(cfg: Config) -> list[IterationRow]:
     """Every iteration of the config's experiment, oldest first; the latest run of an iteration number wins."""
-    from mlflow import MlflowClient
     from mlflow.exceptions import MlflowException
 
-    client = MlflowClient(tracking_uri=cfg.tracking.uri)
+    from flywheel import track
+
+    client = track.client(cfg)
     exp = client.get_experiment_by_name(cfg.experiment)
     if exp is None:
         return []

@@ -234,12 +234,12 @@ def prune(cfg: Config, keep: int | None = None) -> Plan:
     """Plan and apply with `keep` (default storage.keep_iterations), holding the workdir (an iteration's driver
     would be refused meanwhile), and tag each pruned iteration's MLflow run `flywheel.pruned`, so the run that
     shows its datasets says they went."""
-    from mlflow import MlflowClient
+    from flywheel import track
 
     with workdir_lock.holding(cfg.run.workdir, "retention"):
         p = plan_for(cfg, keep)
         apply(p, cfg)
-    client = MlflowClient(tracking_uri=cfg.tracking.uri)
+    client = track.client(cfg)
     for n, gone in p.pruned.items():
         record = p.records.get(n)
         if p.going(n) and record is not None and record.run_id:

@@ -50,10 +50,10 @@ def trainings(cfg: Config, records: dict[int, IterationRecord | None]) -> dict[i
     """iteration -> the Ray Train runs its training stages ran, each with the MLflow runs of it that registered a
     version (none: never registered). A training's MLflow run sits below its stage's (judge-sft), or below the
     iteration's: climbed up to the iteration's run."""
-    from mlflow import MlflowClient
+    from flywheel import track
 
     iteration_of = {r.run_id: n for n, r in records.items() if r is not None and r.run_id}
-    client = MlflowClient(tracking_uri=cfg.tracking.uri)
+    client = track.client(cfg)
     exp = client.get_experiment_by_name(cfg.experiment)
     out: dict[int, dict[str, list[str]]] = {n: {} for n in records}
     if exp is None or not iteration_of:
@@ -179,9 +179,9 @@ def orphaned(cfg: Config) -> list[Version]:
     """Versions an earlier prune deleted from the registry and whose weights it failed to delete: their training
     runs are still tagged flywheel.weights_pending and the registry no longer has them (one it still has is a
     deletion that failed before it began)."""
-    from mlflow import MlflowClient
+    from flywheel import track
 
-    client = MlflowClient(tracking_uri=cfg.tracking.uri)
+    client = track.client(cfg)
     exp = client.get_experiment_by_name(cfg.experiment)
     if exp is None:
         return []

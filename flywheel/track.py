@@ -60,6 +60,31 @@ def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
     return out
 
 
+_ANSWERED: set[str] = set()  # tracking servers that answered once in this process
+
+
+def check_reachable(uri: str, timeout_s: float = 10.0) -> None:
+    """A tracking server that does not answer fails the command now, naming it: MLflow's client would otherwise
+    retry each request for over four minutes (measured, a refused port) before saying anything. Asked once per
+    process: a server that goes away later gets MLflow's retries, which ride out a restart."""
+    if not uri.startswith(("http://", "https://")) or uri in _ANSWERED:
+        return
+    import requests
+
+    try:  # any answer will do (an auth proxy's 401 included): only a server that is not there is refused
+        requests.get(uri.rstrip("/") + "/health", timeout=timeout_s)
+    except requests.RequestException as e:
+        raise ConnectionError(f"the MLflow tracking server {uri} (tracking.uri) does not answer ({type(e).__name__}): "
+                              "start it, or point tracking.uri at one that runs") from None
+    _ANSWERED.add(uri)
+
+
+def client(cfg: Config) -> MlflowClient:
+    """A client of the config's tracking store (and registry), once the store answers."""
+    check_reachable(cfg.tracking.uri)
+    return MlflowClient(tracking_uri=cfg.tracking.uri, registry_uri=cfg.tracking.uri)
+
+
 def _as_uri(location: str) -> str:
     return location if urlparse(location).scheme not in ("", "c", "d") else Path(location).resolve().as_uri()
 
@@ -73,7 +98,7 @@ class Tracker:
         if self.uri.startswith("sqlite:///"):
             Path(self.uri[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
         mlflow.set_tracking_uri(self.uri)
-        self.client = MlflowClient(tracking_uri=self.uri)
+        self.client = client(cfg)
         exp = self.client.get_experiment_by_name(cfg.experiment)
         if exp is None:
             location = cfg.tracking.artifact_location

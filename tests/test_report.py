@@ -125,6 +125,13 @@ def test_an_empty_store_says_so_and_fails(tmp_path):
     assert out.exit_code == 1 and "no iterations" in out.output
 
 
+def test_a_tracking_server_that_does_not_answer_is_named_in_one_line(tmp_path):
+    out = CliRunner().invoke(app, ["report", f"run.workdir={tmp_path}", "tracking.uri=http://127.0.0.1:1"])
+    assert out.exit_code == 1
+    assert "stopped: ConnectionError: the MLflow tracking server http://127.0.0.1:1 (tracking.uri) does not answer" \
+        in out.output
+
+
 def test_a_summary_without_downstream_or_teacher_gives_what_it_has():
     row = row_of(3, "r", "FINISHED", {"meta_eval": {"challenger": _meta(0.5)}, "seconds": {"a": 2.0},
                                       "decisions": [_decision("judge", False)]})

@@ -100,3 +100,56 @@ def test_a_stop_inside_a_nested_stage_is_logged_once(tracked_cfg, caplog):
     client = MlflowClient(tracking_uri=tracked_cfg.tracking.uri)  # both runs still say why, in the UI
     assert client.get_run(outer.info.run_id).data.tags["flywheel.failure"] == "KeyboardInterrupt"
     assert client.get_run(inner.info.run_id).data.tags["flywheel.failure"] == "KeyboardInterrupt"
+
+
+def _http_server(status: int, answer: bool = True):
+    """A local HTTP server that answers every GET with `status` (or accepts and never answers): stands in for an
+    MLflow server, or an auth proxy in front of one, where only whether something answers matters."""
+    import http.server
+    import threading
+    import time
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            if not answer:
+                time.sleep(3)
+            self.send_response(status)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def test_a_tracking_server_that_does_not_answer_is_refused_at_once_naming_it(tmp_path):
+    """MLflow's client retries a refused port for over four minutes before it says anything (measured): the
+    tracker asks the server's /health first and stops in seconds, naming the URI and the config key."""
+    import socket
+    import time
+
+    from flywheel.track import check_reachable
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cfg = load_config(None, [f"run.workdir={tmp_path}/wd", f"tracking.uri=http://127.0.0.1:{port}"])
+    t0 = time.monotonic()
+    with pytest.raises(ConnectionError, match=rf"http://127.0.0.1:{port} \(tracking.uri\) does not answer"):
+        Tracker(cfg)
+    assert time.monotonic() - t0 < 30
+    silent = _http_server(200, answer=False)  # accepts, never answers: refused after the timeout
+    with pytest.raises(ConnectionError, match="does not answer"):
+        check_reachable(f"http://127.0.0.1:{silent.server_address[1]}", timeout_s=0.5)
+    silent.shutdown()
+
+
+def test_any_answer_from_the_tracking_server_counts_as_there():
+    from flywheel.track import check_reachable
+
+    proxy = _http_server(401)  # an auth proxy in front of MLflow: there, only the client's requests need the token
+    check_reachable(f"http://127.0.0.1:{proxy.server_address[1]}")
+    proxy.shutdown()
+    check_reachable("sqlite:////nonexistent/never-probed.db")  # only http(s) stores are asked

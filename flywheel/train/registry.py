@@ -34,9 +34,9 @@ def registered_name(cfg: Config, training: str) -> str:
 
 
 def client(cfg: Config):
-    from mlflow import MlflowClient
+    from flywheel import track
 
-    return MlflowClient(tracking_uri=cfg.tracking.uri, registry_uri=cfg.tracking.uri)
+    return track.client(cfg)
 
 
 def parse_uri(uri: str) -> tuple[str, str | None, str | None]:
