@@ -17,7 +17,7 @@ smoke: setup  ## build the tiny models and run each engine once (a quick plumbin
 test: setup  ## the default test suite (slow tests excluded)
 	$(PY) -m pytest -q -m "not slow" --durations=15
 
-test-slow: setup  ## the slow tests but the hour-long full default iteration (~15-35 min); CI runs them too
+test-slow: setup  ## the slow tests but the hour-long full default iteration (~25-45 min); CI runs them too
 	$(PY) -m pytest -q -m "slow and not fullrun" --durations=10
 
 test-all: setup  ## every test, slow ones and the full default iteration included
