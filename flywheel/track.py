@@ -63,11 +63,12 @@ def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
 _ANSWERED: set[str] = set()  # tracking servers that answered once in this process
 
 
-def check_reachable(uri: str, timeout_s: float = 10.0) -> None:
+def check_reachable(uri: str, timeout_s: float = 10.0, again: bool = False) -> None:
     """A tracking server that does not answer fails the command now, naming it: MLflow's client would otherwise
     retry each request for over four minutes (measured, a refused port) before saying anything. Asked once per
-    process: a server that goes away later gets MLflow's retries, which ride out a restart."""
-    if not uri.startswith(("http://", "https://")) or uri in _ANSWERED:
+    process (a server that goes away later gets MLflow's retries, which ride out a restart) unless `again`: a
+    long-lived command's last request (`flywheel serve`'s unpin, hours after its pin) asks anew."""
+    if not uri.startswith(("http://", "https://")) or (uri in _ANSWERED and not again):
         return
     import requests
 
@@ -79,9 +80,9 @@ def check_reachable(uri: str, timeout_s: float = 10.0) -> None:
     _ANSWERED.add(uri)
 
 
-def client(cfg: Config) -> MlflowClient:
-    """A client of the config's tracking store (and registry), once the store answers."""
-    check_reachable(cfg.tracking.uri)
+def client(cfg: Config, ask_again: bool = False) -> MlflowClient:
+    """A client of the config's tracking store (and registry), once the store answers (asked anew: `ask_again`)."""
+    check_reachable(cfg.tracking.uri, again=ask_again)
     return MlflowClient(tracking_uri=cfg.tracking.uri, registry_uri=cfg.tracking.uri)
 
 

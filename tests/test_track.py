@@ -153,3 +153,25 @@ def test_any_answer_from_the_tracking_server_counts_as_there():
     check_reachable(f"http://127.0.0.1:{proxy.server_address[1]}")
     proxy.shutdown()
     check_reachable("sqlite:////nonexistent/never-probed.db")  # only http(s) stores are asked
+
+
+def test_serves_unpin_asks_again_a_server_that_answered_its_pin(tmp_path):
+    """`flywheel serve` pins, serves for hours, then unpins: a tracking server gone meanwhile is refused in seconds
+    (asked anew), not after MLflow's minutes of retries; every other client asks a server once per process."""
+    import time
+
+    from flywheel.serve.model import ServedModel, unpin
+    from flywheel.track import check_reachable
+
+    server = _http_server(200)
+    uri = f"http://127.0.0.1:{server.server_address[1]}"
+    check_reachable(uri)  # it answered once (the pin)
+    server.shutdown()
+    server.server_close()
+    check_reachable(uri)  # once per process: not asked again
+    cfg = load_config(None, [f"run.workdir={tmp_path}/wd", f"tracking.uri={uri}"])
+    t0 = time.monotonic()
+    with pytest.raises(ConnectionError, match=rf"{uri} \(tracking.uri\) does not answer"):
+        unpin(cfg, ServedModel(ref="models:/judge@champion", uri="models:/judge/3", version="models:/judge/3"),
+              "judge")
+    assert time.monotonic() - t0 < 30

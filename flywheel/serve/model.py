@@ -83,6 +83,8 @@ def unpin(cfg: Config, served: ServedModel, app_name: str) -> None:
     if not registry.is_registry_uri(served.uri):
         return
     name, version, _ = registry.parse_uri(served.uri)
-    client, alias = registry.client(cfg), serving_alias(app_name)
+    # asked anew: the registry answered the pin, maybe hours ago; gone since, MLflow's retries would hold the
+    # stopped command for minutes before its warning
+    client, alias = registry.client(cfg, ask_again=True), serving_alias(app_name)
     if str(client.get_registered_model(name).aliases.get(alias)) == version:
         client.delete_registered_model_alias(name, alias)

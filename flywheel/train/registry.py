@@ -33,10 +33,10 @@ def registered_name(cfg: Config, training: str) -> str:
     return getattr(cfg.train.registry, TRAINING_NAMES[training])
 
 
-def client(cfg: Config):
+def client(cfg: Config, ask_again: bool = False):
     from flywheel import track
 
-    return track.client(cfg)
+    return track.client(cfg, ask_again=ask_again)
 
 
 def parse_uri(uri: str) -> tuple[str, str | None, str | None]:
