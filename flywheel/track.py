@@ -80,9 +80,9 @@ def check_reachable(uri: str, timeout_s: float = 10.0, again: bool = False) -> N
     _ANSWERED.add(uri)
 
 
-def client(cfg: Config, ask_again: bool = False) -> MlflowClient:
-    """A client of the config's tracking store (and registry), once the store answers (asked anew: `ask_again`)."""
-    check_reachable(cfg.tracking.uri, again=ask_again)
+def client(cfg: Config) -> MlflowClient:
+    """A client of the config's tracking store (and registry), once the store answers."""
+    check_reachable(cfg.tracking.uri)
     return MlflowClient(tracking_uri=cfg.tracking.uri, registry_uri=cfg.tracking.uri)
 
 

@@ -78,6 +78,7 @@ def pin(cfg: Config, served: ServedModel, app_name: str) -> str | None:
 
 def unpin(cfg: Config, served: ServedModel, app_name: str) -> None:
     """Remove the app's alias if it still names this version (a later deployment of the app may have moved it)."""
+    from flywheel import track
     from flywheel.train import registry
 
     if not registry.is_registry_uri(served.uri):
@@ -85,6 +86,7 @@ def unpin(cfg: Config, served: ServedModel, app_name: str) -> None:
     name, version, _ = registry.parse_uri(served.uri)
     # asked anew: the registry answered the pin, maybe hours ago; gone since, MLflow's retries would hold the
     # stopped command for minutes before its warning
-    client, alias = registry.client(cfg, ask_again=True), serving_alias(app_name)
+    track.check_reachable(cfg.tracking.uri, again=True)
+    client, alias = registry.client(cfg), serving_alias(app_name)
     if str(client.get_registered_model(name).aliases.get(alias)) == version:
         client.delete_registered_model_alias(name, alias)

@@ -33,10 +33,10 @@ def registered_name(cfg: Config, training: str) -> str:
     return getattr(cfg.train.registry, TRAINING_NAMES[training])
 
 
-def client(cfg: Config, ask_again: bool = False):
+def client(cfg: Config):
     from flywheel import track
 
-    return track.client(cfg, ask_again=ask_again)
+    return track.client(cfg)
 
 
 def parse_uri(uri: str) -> tuple[str, str | None, str | None]:
