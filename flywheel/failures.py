@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import re
 
-_EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_]\w*\.)*([A-Za-z_]\w*(?:Error|Exception|Unavailable|Failure|Mismatch|"
-                             r"Exit|Interrupt|Busy|Key|Reached)): (.+)$")
+# A traceback's last line names the exception: `module.Type: message` for any type outside builtins (whatever
+# its name ends with: EndpointRefused, ActorsDidNotStart), a bare `Type: message` for a builtin. Bare names are
+# held to the usual endings, so that a line such as "Note: ..." is not taken for one.
+_EXCEPTION_LINE = re.compile(r"^(?:(?:[A-Za-z_]\w*\.)+([A-Za-z_]\w*)|([A-Za-z_]\w*(?:Error|Exception|Exit|"
+                             r"Interrupt|Iteration|Warning))): (.+)$")
 _WRAPPERS = ("RayTaskError", "UserCodeException", "RayActorError", "TrainingFailedError", "WorkerGroupError")
 
 
@@ -19,8 +22,9 @@ def summary(err: BaseException, limit: int = 400) -> str:
     """`Type: message` of the error that started it, shortened to `limit` characters."""
     line = f"{type(err).__name__}: {err}".splitlines()[0] if str(err) else type(err).__name__
     if any(w in type(err).__name__ for w in _WRAPPERS) or any(w in str(err)[:200] for w in _WRAPPERS):
-        found = [m for m in map(_EXCEPTION_LINE.match, str(err).splitlines())
-                 if m and not any(w in m.group(1) for w in _WRAPPERS)]
+        found = [(m.group(1) or m.group(2), m.group(3)) for m in map(_EXCEPTION_LINE.match, str(err).splitlines())
+                 if m]
+        found = [(name, message) for name, message in found if not any(w in name for w in _WRAPPERS)]
         if found:
-            line = f"{found[-1].group(1)}: {found[-1].group(2)}"
+            line = f"{found[-1][0]}: {found[-1][1]}"
     return line if len(line) <= limit else line[: limit - 3] + "..."

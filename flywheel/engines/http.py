@@ -143,7 +143,11 @@ class HTTPTextEngine(TextEngine):
         """Blocking; safe to call from a thread that runs an event loop (it then runs in a helper thread)."""
         try:
             asyncio.get_running_loop()
-        except RuntimeError:
+        except RuntimeError:  # no loop here; run one outside this handler, or its error chains to "no running loop"
+            in_loop = False
+        else:
+            in_loop = True
+        if not in_loop:
             return asyncio.run(self.agenerate(requests, seed))
         with concurrent.futures.ThreadPoolExecutor(1) as ex:
             return ex.submit(asyncio.run, self.agenerate(requests, seed)).result()

@@ -49,9 +49,11 @@ def tiny_iteration_job(local_ray_cluster, tmp_path_factory):
     work = tmp_path_factory.mktemp("iteration-job")
     db = work / "tracking" / "mlflow.db"  # not the workdir default: the test names where MLflow must go
     log = work / "submit.log"
+    # serve.port: 8000 may be someone else's; a Serve proxy of another Ray there shares it (SO_REUSEPORT) and answers
+    # 404 for this job's routes (2026-12-01, with tests running beside this one)
     sid, status = local_ray_cluster.submit(["jobs/iteration.py", "--config", "configs/local.yaml",
-                                             f"run.workdir={work}", f"tracking.uri=sqlite:///{db}", *TINY],
-                         log, timeout=900)
+                                             f"run.workdir={work}", f"tracking.uri=sqlite:///{db}", *TINY,
+                                             f"serve.port={free_port()}"], log, timeout=900)
     return {"work": work, "db": db, "sid": sid, "status": status, "log": log}
 
 
