@@ -4,14 +4,9 @@ talks to a remote API, which these machines cannot reach. Subclasses answer in `
 from __future__ import annotations
 
 import asyncio
-import socket
 import threading
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from flywheel.raycluster import free_port
 
 
 def completion(model: str, content: str, logprobs: dict | None = None, **top) -> dict:

@@ -52,6 +52,18 @@ def s3_bucket():
     server.stop()
 
 
+@pytest.fixture(autouse=True)
+def _ray_data_wait_kept_per_test():
+    """Ray Data's actor wait is process-wide and init_ray sets it from each config (ray.wait_for_actors_s): a test
+    that deploys with a 4 s bound must not hand it to the next test in the process, which under pytest-xdist may be
+    one that starts Ray by hand and then waits only 4 s for its actors on a box busy with the other worker."""
+    from ray.data.context import DataContext
+
+    before = DataContext.get_current().wait_for_min_actors_s
+    yield
+    DataContext.get_current().wait_for_min_actors_s = before
+
+
 _EXIT_STATUS: list[int] = []
 
 

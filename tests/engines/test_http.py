@@ -13,7 +13,7 @@ import time
 from collections import Counter
 
 import pytest
-from chat_server import ChatServer, completion, free_port
+from chat_server import ChatServer, completion
 from PIL import Image
 
 from flywheel.config import GenerationConfig, HttpEngineConfig, load_config
@@ -21,6 +21,7 @@ from flywheel.engines.base import TextRequest
 from flywheel.engines.http import (EndpointRefused, EndpointUnavailable, HTTPTextEngine, MissingApiKey,
                                   openai_messages)
 from flywheel.images import PNG_MAGIC
+from flywheel.raycluster import free_port
 
 
 # OpenAI's choices[0].logprobs for a two-token answer, with top_logprobs=2 (bytes as OpenAI sends them)

@@ -12,7 +12,6 @@ import io
 import json
 import os
 import re
-import socket
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
@@ -23,17 +22,12 @@ import requests
 from PIL import Image
 
 from flywheel.config import REPO_ROOT, load_config
+from flywheel.raycluster import free_port
 from registry_helpers import register_judge
 
 TOKEN_ENV = "FLYWHEEL_SERVE_TEST_TOKEN"
 TOKEN = "test-token-4f1c"
 MODEL = "serve-test-judge"  # its own registered name: versions of other tests' `judge` never interfere
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def png(size=(56, 56), colour="red") -> bytes:
