@@ -2,6 +2,14 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 CONFIG ?= configs/local.yaml
+# The default suite runs in TEST_WORKERS pytest-xdist processes (these boxes have 2 cores), each test file whole in
+# one of them: a file's module fixtures (a tiny iteration under `ray job submit`, a Serve app) are built once and its
+# tests share them in order. (Not --dist loadgroup: pytest-xdist 3.8 groups by renaming items through `_nodeid`,
+# which pytest 9.2 no longer reads, so its groups are ignored.) TEST_WORKERS=0 runs it in this process.
+# The slow suite stays one test at a time: beside a test bringing up a 3-node cluster, a training's own Ray once
+# failed to start (Ray gives a raylet 30 s to register, hard-coded), 2026-12-02.
+TEST_WORKERS ?= 2
+XDIST = -n $(TEST_WORKERS) --dist loadfile
 
 .PHONY: setup run smoke test test-slow test-all vllm-env models lock clean
 
@@ -15,7 +23,7 @@ smoke: setup  ## build the tiny models and run each engine once (a quick plumbin
 	$(PY) jobs/smoke.py --config $(CONFIG)
 
 test: setup  ## the default test suite (slow tests excluded)
-	$(PY) -m pytest -q -m "not slow" --durations=15
+	$(PY) -m pytest -q $(XDIST) -m "not slow" --durations=15
 
 test-slow: setup  ## the slow tests but the hour-long full default iteration (~25-45 min); CI runs them too
 	$(PY) -m pytest -q -m "slow and not fullrun" --durations=10
