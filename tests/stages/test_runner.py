@@ -265,8 +265,7 @@ def test_a_stage_whose_actors_no_node_fits_warns_at_once_and_fails_after_the_con
     from flywheel.raycluster import ActorsDidNotStart
 
     src = write_dataset(str(tmp_path / "in"), "prompt", [_prompt("q0")], config_hash="c", producer="test")
-    ctx = DataContext.get_current()
-    before = ctx.wait_for_min_actors_s
+    ctx = DataContext.get_current()  # put back after the test by conftest's fixture
     init_ray(load_config(None, [f"run.workdir={tmp_path}", "ray.wait_for_actors_s=3"]))  # Ray is up: sets the wait
     try:
         assert ctx.wait_for_min_actors_s == 3
@@ -278,7 +277,6 @@ def test_a_stage_whose_actors_no_node_fits_warns_at_once_and_fails_after_the_con
     finally:
         init_ray(load_config(None, [f"run.workdir={tmp_path}"]))  # a config without the bound: Ray Data's wait again
         assert ctx.wait_for_min_actors_s == DEFAULT_WAIT_FOR_MIN_ACTORS_S == -1  # for ever
-        ctx.wait_for_min_actors_s = before
     assert "each of its actors asks CPU 1, GPU 1 and no live node has that (1 node with CPU 2, GPU 0)" \
         in caplog.text
     assert not (tmp_path / "out" / "manifest.json").exists()
