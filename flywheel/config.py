@@ -209,9 +209,10 @@ class HttpEngineConfig(StrictModel):
     price_per_1m_completion_tokens: float = Field(0.0, ge=0, description="Cost of a million completion tokens.")
     max_cost_per_stage: float | None = Field(
         None, gt=0, description="Teacher and judge: stop a judgments stage labelling through this endpoint once "
-        "its estimated cost (the prices above) passes this with batches left, checked as batches finish (those in "
-        "flight may add to it). Its finished batches are kept and this field is not part of the stage's key: raise "
-        "it (or null it) and run again to go on. null: no cap.")
+        "its estimated cost (the prices above) passes this with batches left. Each actor checks the stage's cost so "
+        "far before it starts a batch, so only the batches already running when it passed (at most one per actor) "
+        "add to it. Its finished batches are kept and this field is not part of the stage's key: raise it (or null "
+        "it) and run again to go on. null: no cap.")
 
 
 TextEngineName = Literal["hf", "vllm", "http", "oracle"]

@@ -44,6 +44,23 @@ class CapReached(RuntimeError):
     """A stage stopped at its cap (e.g. an API teacher's cost): not a failure of its work, which is kept."""
 
 
+class _CapLedger:
+    """What a capped stage's batches have cost so far, over all its actors and nodes (one small Ray actor per
+    stage). The driver reads batches in input order, so one slow batch hides what later ones, finished by other
+    actors, cost: each actor asks here before it starts a batch, and only the batches already running when the cap
+    was passed (at most one per actor) add to the bill."""
+
+    def __init__(self, cap: float, spent: float):
+        self.cap, self.spent, self.finished = cap, spent, 0
+
+    def passed(self) -> tuple[bool, float]:
+        return self.spent > self.cap, self.spent
+
+    def add(self, cost: float) -> None:
+        self.spent += cost
+        self.finished += 1
+
+
 @dataclass
 class CoreOutput:
     rows: list[dict] = field(default_factory=list)
@@ -86,9 +103,11 @@ class _CoreActor:
     where the batch ran. A retried batch (its actor or node lost) rewrites the same part file."""
 
     def __init__(self, core_factory: Callable[[], Any], kind: str, limits: RecordLimits, source: str,
-                 source_manifest: Manifest, source_file_rows: list[int], output: str, batch_size: int, run_key: str):
+                 source_manifest: Manifest, source_file_rows: list[int], output: str, batch_size: int, run_key: str,
+                 cap: tuple[str, Any] | None = None):
         import ray
 
+        self.cap = cap  # (counter, the stage's _CapLedger actor) or None
         self.core = core_factory()
         self.kind, self.limits, self.output, self.batch_size, self.run_key = kind, limits, output, batch_size, run_key
         self.reader = RowRangeReader(source, source_manifest, read_rows=batch_size, file_rows=source_file_rows)
@@ -97,8 +116,17 @@ class _CoreActor:
         self.node, self.actor = ctx.get_node_id(), f"{ctx.get_actor_id()}/{os.getpid()}"
 
     def __call__(self, batch: pa.Table) -> dict[str, list]:
+        import ray
+
         res: dict[str, list] = {k: [] for k in _BATCH_FIELDS}
         for i in batch.column("batch").to_pylist():
+            passed, spent = ray.get(self.cap[1].passed.remote()) if self.cap else (False, 0.0)
+            if passed:  # not started, not paid: the driver stops the stage when it reaches this batch
+                meta = {"batch": i, "n_in": 0, "part": "", "rows": 0, "lines": b"", "size": 0, "quarantine": "[]",
+                        "node": self.node, "actor": self.actor, "counters": "{}", "capped": spent}
+                for k in _BATCH_FIELDS:
+                    res[k].append(meta[k])
+                continue
             start = i * self.batch_size
             rows = self.reader.read(start, min(start + self.batch_size, self.n_rows)).to_pylist()
             out = self.core(rows)
@@ -107,14 +135,18 @@ class _CoreActor:
             del valid
             quarantine = [{**q, "raw": json_safe(q.get("raw"))} for q in [*out.quarantined, *bad]]
             meta = {"batch": i, "n_in": len(rows), **part, "quarantine": json.dumps(quarantine), "node": self.node,
-                    "actor": self.actor, "counters": json.dumps(out.counters)}
+                    "actor": self.actor, "counters": json.dumps(out.counters), "capped": 0.0}
             finished_batches.record(self.output, self.run_key, i, meta)
+            if self.cap:
+                ray.get(self.cap[1].add.remote(float(out.counters.get(self.cap[0], 0.0))))
             for k in _BATCH_FIELDS:
                 res[k].append(meta[k])
         return res
 
 
-_BATCH_FIELDS = ("batch", "n_in", "part", "rows", "lines", "size", "quarantine", "node", "actor", "counters")
+# capped: 0.0 for a batch made, else what the stage had cost (> its cap > 0) when its actor declined to start it
+_BATCH_FIELDS = ("batch", "n_in", "part", "rows", "lines", "size", "quarantine", "node", "actor", "counters",
+                 "capped")
 
 
 class _Progress:
@@ -177,7 +209,8 @@ def run_stage(
     cap: tuple[str, float] | None = None,
 ) -> StageResult:
     """Run one stage over the rows of `inputs[0]` (other inputs are context the core reads itself). cap: (counter,
-    limit): the stage stops with CapReached once the counter summed over finished batches passes the limit."""
+    limit): the stage stops with CapReached once the counter summed over finished batches passes the limit; from
+    then on no actor starts a batch."""
     import ray
 
     from flywheel.raycluster import ActorsDidNotStart, actor_ask, ask_text, warn_if_no_node_fits
@@ -200,6 +233,10 @@ def run_stage(
     n_in, placement, counters = 0, {}, Counter()
     progress = _Progress(n_batches, tracker is not None)
     short = warn_if_no_node_fits(f"stage {name}: each of its actors", resources) if todo else None
+    ledger = None
+    if cap is not None and todo:  # kept batches were paid for too
+        spent = sum(float(json.loads(m["counters"]).get(cap[0], 0.0)) for m in kept.values())
+        ledger = ray.remote(_CapLedger).options(num_cpus=0).remote(cap[1], spent)
     try:
         made = iter(())
         if todo:
@@ -218,7 +255,8 @@ def run_stage(
                 fn_constructor_kwargs={"core_factory": core_factory, "kind": kind, "limits": limits,
                                        "source": _absolute(inputs[0]), "source_manifest": source,
                                        "source_file_rows": file_rows, "output": _absolute(output),
-                                       "batch_size": batch_size, "run_key": run_key},
+                                       "batch_size": batch_size, "run_key": run_key,
+                                       "cap": (cap[0], ledger) if ledger else None},
                 batch_size=1,  # one batch index per call
                 batch_format="pyarrow",
                 compute=ray.data.ActorPoolStrategy(size=resources.actors),
@@ -231,6 +269,10 @@ def run_stage(
             if part is None or int(part["batch"]) != expected:
                 got = "nothing" if part is None else f"batch {part['batch']}"
                 raise RuntimeError(f"stage {name}: {got} came back where batch {expected} was due")
+            if part.get("capped"):  # its actor found the cap passed by batches the driver has not read yet
+                raise CapReached(f"stage {name}: {cap[0]} {part['capped']:.4g} passed its cap {cap[1]:g} with "
+                                 f"batches left ({expected} of {n_batches} read in order); the finished batches are "
+                                 "kept: raise the cap and run again to go on")
             writer.add_part(part["part"], int(part["rows"]), part["lines"], int(part["size"]))
             writer.add_quarantined({**q, "index": n_in + int(q.get("index") or 0), "raw": restore_raw(q["raw"])}
                                    for q in json.loads(part["quarantine"]))
@@ -263,6 +305,9 @@ def run_stage(
     except BaseException:
         writer.abort()
         raise
+    finally:
+        if ledger is not None:
+            ray.kill(ledger)
     seconds = time.perf_counter() - t0
     made_in = n_in - sum(int(m["n_in"]) for m in kept.values())
     result = StageResult(manifest, skipped=False, rows_in=n_in, seconds=seconds, placement=placement,

@@ -284,3 +284,34 @@ def test_a_stage_whose_actors_no_node_fits_warns_at_once_and_fails_after_the_con
     run_stage("cpu", inputs=[src.path], output=str(tmp_path / "out"), kind="prompt", batch_size=1,
               resources=StageResources(num_cpus=2), core_factory=lambda: ShoutCore("!"), stage_hash="h")
     assert "no live node has that" not in caplog.text
+
+
+class PricedCore(CountingCore):
+    """CountingCore whose every batch costs 1.0 (`cost`), as an API teacher's does; q0's batch is slow."""
+
+    def __call__(self, rows):
+        import time
+
+        if rows[0]["query"] == "q0":
+            time.sleep(4)  # the batch the driver waits on, in input order, while the other actor goes on
+        out = super().__call__(rows)
+        out.counters = {"cost": 1.0}
+        return out
+
+
+def test_a_cost_cap_stops_the_actors_before_their_next_batch_not_only_the_driver(ray_local, tmp_path):
+    """The driver reads batches in input order, so one slow batch hides what the others cost: the cap is checked by
+    each actor before it starts a batch, against what every finished batch cost, and only the batches already
+    running when it passed (at most one per actor) add to the bill."""
+    from flywheel.stages.runner import CapReached
+
+    src = write_dataset(str(tmp_path / "in"), "prompt", [_prompt(f"q{i}") for i in range(16)], config_hash="c",
+                        producer="test")
+    made = tmp_path / "made"
+    made.mkdir()
+    with pytest.raises(CapReached, match=r"stage priced: cost \d passed its cap 2"):
+        run_stage("priced", inputs=[src.path], output=str(tmp_path / "out"), kind="prompt", batch_size=1,
+                  resources=StageResources(actors=2, num_cpus=0.5), core_factory=lambda: PricedCore(made),
+                  stage_hash="h", cap=("cost", 2.0))
+    paid = sorted(p.name for p in made.iterdir())
+    assert "q0" in paid and 3 <= len(paid) <= 4, paid  # cap 2, and 2 actors' batches running as it passed
