@@ -9,6 +9,11 @@ on the same rows: is their average better than either?
     .venv/bin/python bench/judge_soup.py --workdir runs/clw --config configs/local_claims.yaml \
         --judges models:/judge/6,models:/judge/8 --iterations 002,003 [--weights 0.5,0.5] [--out runs/soup]
 
+With --ensemble no model is built or run: each judge's stored ratings of the gold (its iteration's meta-eval)
+are averaged item by item, an ensemble of predictions, which a soup's weights approximate at one judge's cost.
+It answers in seconds whether averaging the judges helps at all (mind that a mean of ratings ties less often
+than one judge's, and a tie counts wrong).
+
 --judges names registered versions (`flywheel report` lists each iteration's) or export folders;
 --iterations, one per judge, names the iteration whose stored meta-eval is that judge's, for the paired test
 (the gate's one-sided McNemar, soup better than that judge). Only floating-point tensors are averaged; every
@@ -58,11 +63,69 @@ def average(dirs: list[Path], weights: list[float], out: Path) -> None:
         save_file(mixed, str(out / name), metadata={"format": "pt"})
 
 
+def ensemble_rows(tables: list[list[dict]]) -> list[dict]:
+    """The first judge's judged rows with each rating the mean of the judges' parsed ratings of the same request
+    (item, order, claim): a request only some judges parsed takes theirs, one none parsed stays a parse failure."""
+    from flywheel.evaluate.meta import item_key
+    from flywheel.judge import claims
+
+    def key(r: dict) -> tuple:
+        return item_key(r), r["protocol"], r["order"], claims.header(r.get("raw_output"))
+
+    scores: dict[tuple, list[float]] = {}
+    for table in tables:
+        for r in table:
+            if r["parse_error"] is None and r["score"] is not None:
+                scores.setdefault(key(r), []).append(float(r["score"]))
+    out = []
+    for r in tables[0]:
+        got = scores.get(key(r))
+        out.append({**r, "score": sum(got) / len(got), "parse_error": None} if got else r)
+    return out
+
+
+def ensemble_outcomes(cfg, iterations: list[int], metric: str) -> dict[str, bool]:
+    """Per gold pair (`<split>/<per-pair accuracy>`): is the mean rating of the iterations' judges right?"""
+    from flywheel import storage
+    from flywheel.datasets import read_dataset
+    from flywheel.evaluate import meta
+    from flywheel.evaluate.metric_names import split_of
+    from flywheel.iteration import paths
+
+    split, name = split_of(metric)
+    tables = [read_dataset(storage.join(paths(cfg, it)["meta-eval"], split))[0].to_pylist() for it in iterations]
+    gold, prompts = meta.read_gold(storage.join(paths(cfg, 0)["gold"], split))
+    s = cfg.world.suites.split
+    return meta.pair_outcomes(name, gold, ensemble_rows(tables), prompts, set(s.ood_aspects), set(s.ood_subtasks))
+
+
+def ensemble(cfg, iterations: list[int], metric: str) -> None:
+    """Print the score ensemble of the iterations' judges against each of them, per split."""
+    from compare_judges import SPLITS, compare, outcomes
+
+    from flywheel import storage
+    from flywheel.iteration import paths
+
+    for split in SPLITS:
+        if storage.exists(storage.join(paths(cfg, 0)["gold"], split)):
+            mixed = ensemble_outcomes(cfg, iterations, f"{split}/{metric}")
+            for it in iterations:
+                _row(f"{split} vs {it:03d}", compare(mixed, outcomes(cfg, it, f"{split}/{metric}")))
+
+
+def _row(label: str, r: dict) -> None:
+    print(f"{label:24} {r['n']:4d} {r['a']:6.3f} {r['b']:6.3f} {r['better']:10d} {r['worse']:11d} {r['p']:9.2g}")
+
+
+HEAD = f"{'':24} {'n':>4} {'mixed':>6} {'judge':>6} {'mixed only':>10} {'judge only':>11} {'p':>9}"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--workdir", required=True, help="The run's workdir (its registry, gold and meta-evals).")
     ap.add_argument("--config", default="configs/local.yaml", help="The run's config (its meta-eval protocols).")
-    ap.add_argument("--judges", required=True, help="Comma-separated models:/judge/<version> URIs or export folders.")
+    ap.add_argument("--judges", help="Comma-separated models:/judge/<version> URIs or export folders.")
+    ap.add_argument("--ensemble", action="store_true", help="Average the iterations' stored ratings instead.")
     ap.add_argument("--iterations", required=True, help="Comma-separated: the iteration that meta-evaluated each.")
     ap.add_argument("--weights", help="Comma-separated, one per judge (default equal).")
     ap.add_argument("--metric", default="all/pointwise_ranking/accuracy", help="A per-pair accuracy, no split.")
@@ -79,7 +142,14 @@ def main() -> None:
 
     work, out = Path(args.workdir).resolve(), Path(args.out).resolve()
     cfg = load_config(args.config, [f"run.workdir={work}", *args.set])
-    refs, iterations = args.judges.split(","), [int(i) for i in args.iterations.split(",")]
+    iterations = [int(i) for i in args.iterations.split(",")]
+    if args.ensemble:
+        print(f"{args.metric}: the mean rating of iterations {args.iterations}' judges against each, McNemar "
+              f"one-sided (mixed better)\n{HEAD}")
+        return ensemble(cfg, iterations, args.metric)
+    if not args.judges:
+        raise SystemExit("--judges: which judges to average (or --ensemble)")
+    refs = args.judges.split(",")
     if len(iterations) != len(refs):
         raise SystemExit(f"--judges names {len(refs)} judges, --iterations {len(iterations)}: one each")
     dirs = [Path(registry.local_path(cfg, r) if registry.is_registry_uri(r) else r).resolve() for r in refs]
@@ -92,15 +162,12 @@ def main() -> None:
     print(f"soup of {', '.join(refs)} (weights {weights}) -> {out / 'model'}", flush=True)
     evaluate(argparse.Namespace(config=args.config, set=args.set, gold_prompts=None), work, out)
 
-    print(f"\n{args.metric}: soup against each judge, McNemar one-sided (soup better)")
-    print(f"{'':24} {'n':>4} {'soup':>6} {'judge':>6} {'soup only':>10} {'judge only':>11} {'p':>9}")
+    print(f"\n{args.metric}: the soup (mixed) against each judge, McNemar one-sided (mixed better)\n{HEAD}")
     for split in SPLITS:
         metric = f"{split}/{args.metric}"
         soup = meta.stored_outcomes(cfg, str(work / "data" / "gold"), str(out / "data" / "meta"), metric)
         for ref, it in zip(refs, iterations):
-            r = compare(soup, outcomes(cfg, it, metric))
-            print(f"{split + ' vs ' + ref:24} {r['n']:4d} {r['a']:6.3f} {r['b']:6.3f} {r['better']:10d} "
-                  f"{r['worse']:11d} {r['p']:9.2g}")
+            _row(f"{split} vs {it:03d}", compare(soup, outcomes(cfg, it, metric)))
 
 
 if __name__ == "__main__":

@@ -47,3 +47,23 @@ def test_a_soup_of_the_zoo_judge_loads_as_the_judge_it_is_made_of(zoo, tmp_path)
     base, _ = load_vlm(str(zoo["judge"]))
     for (name, p), (_, q) in zip(model.state_dict().items(), base.state_dict().items()):
         assert torch.allclose(p, q), name
+
+
+def test_the_ensemble_rates_each_gold_item_by_the_judges_mean_rating(tmp_path):
+    """Three judges' stored meta-evals: the mean of their ratings orders a pair right where most of them do (each
+    rates a pair 4 / 2 when right, 2 / 4 when wrong); two judges that disagree tie (3 / 3), which counts wrong."""
+    from stored_meta_eval import METRIC, write_gold, write_judged
+
+    from flywheel.config import load_config
+    from flywheel.iteration import paths
+
+    cfg = load_config(None, [f"run.workdir={tmp_path}"])
+    gold = paths(cfg, 0)["gold"]
+    ids = write_gold(gold, 4)
+    right = [[True, True, False, False], [True, False, True, False], [False, True, True, True]]
+    for it, pattern in enumerate(right):
+        write_judged(paths(cfg, it)["meta-eval"], gold, dict(zip(ids, pattern)))
+    mixed = bench.ensemble_outcomes(cfg, [0, 1, 2], METRIC)
+    assert [mixed[i] for i in ids] == [True, True, True, False]  # the majority of each column
+    pair = bench.ensemble_outcomes(cfg, [0, 1], METRIC)
+    assert [pair[i] for i in ids] == [True, False, False, False]  # 0 and 1 disagree on the middle two: ties
