@@ -51,14 +51,13 @@ class _CapLedger:
     was passed (at most one per actor) add to the bill."""
 
     def __init__(self, cap: float, spent: float):
-        self.cap, self.spent, self.finished = cap, spent, 0
+        self.cap, self.spent = cap, spent
 
     def passed(self) -> tuple[bool, float]:
         return self.spent > self.cap, self.spent
 
     def add(self, cost: float) -> None:
         self.spent += cost
-        self.finished += 1
 
 
 @dataclass
