@@ -127,7 +127,8 @@ def test_reading_examples_name_the_quoted_value_and_never_judge(cfg):
     from flywheel.worlds.shapes.vocab import number_word
 
     world = cfg.world.shapes
-    rows = perception_examples(world, JudgeBaseConfig(reading_share=1.0, matching_share=0.0))(np.random.default_rng(0), 200)
+    make = perception_examples(world, JudgeBaseConfig(reading_share=1.0, matching_share=0.0))
+    rows = make(np.random.default_rng(0), 200)
     differ = asked_reference = 0
     for row in rows:
         head, _, sentence = (row["prompt"][0]["content"][0]["text"] + row["prompt"][0]["content"][2]["text"]) \
@@ -282,8 +283,8 @@ def test_look_up_phases_train_one_question_type_each_before_the_faulty_sft(cfg, 
     from flywheel.worlds.shapes.base_policies import policy_dir
     from flywheel.worlds.shapes.policy_data import question_examples
 
-    looked = small.model_copy(update={"policy_lookup": {"steps": 2, "subtasks": ["iu_color", "iu_existence"]}})
-    looked = BasePoliciesConfig.model_validate(looked.model_dump())
+    looked = BasePoliciesConfig.model_validate(
+        {**small.model_dump(), "policy_lookup": {"steps": 2, "subtasks": ["iu_color", "iu_existence"]}})
     # off (steps 0) leaves the folder name of bases built before the phases existed; on names a new base
     assert policy_dir(zoo["policy"], tmp_path, cfg.world.shapes, small, 0) != policy_dir(
         zoo["policy"], tmp_path, cfg.world.shapes, looked, 0)
@@ -337,9 +338,9 @@ def test_a_killed_base_build_goes_on_where_it_stopped(cfg, zoo, small, tmp_path,
 
     from flywheel.worlds.shapes import base_policies
 
-    seeing = small.model_copy(update={"policy_vision": {"steps": 2, "batch_size": 4, "eval_images": 4},
-                                      "policy": small.policy.model_copy(update={"steps": 4})})
-    seeing = BasePoliciesConfig.model_validate(seeing.model_dump())
+    seeing = BasePoliciesConfig.model_validate({
+        **small.model_dump(), "policy": {**small.policy.model_dump(), "steps": 4},
+        "policy_vision": {"steps": 2, "batch_size": 4, "eval_images": 4}})
     reference, ref_metrics = build_base_policy(zoo["policy"], tmp_path / "a", cfg.world.shapes, seeing, seed=0)
 
     step = trl.SFTTrainer.training_step
