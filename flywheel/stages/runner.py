@@ -236,8 +236,8 @@ def run_stage(
     if cap is not None and todo:  # kept batches were paid for too
         spent = sum(float(json.loads(m["counters"]).get(cap[0], 0.0)) for m in kept.values())
         ledger = ray.remote(_CapLedger).options(num_cpus=0).remote(cap[1], spent)
+    made = iter(())
     try:
-        made = iter(())
         if todo:
             ctx = ray.data.DataContext.get_current()
             ctx.execution_options.preserve_order = True  # same input, same output order: ids and hashes are stable
@@ -305,6 +305,8 @@ def run_stage(
         writer.abort()
         raise
     finally:
+        if hasattr(made, "close"):  # a stage stopped early shuts its Ray Data execution down now, not at exit
+            made.close()
         if ledger is not None:
             ray.kill(ledger)
     seconds = time.perf_counter() - t0
