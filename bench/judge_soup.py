@@ -138,6 +138,7 @@ def main() -> None:
 
     from flywheel.config import load_config
     from flywheel.evaluate import meta
+    from flywheel.iteration import paths
     from flywheel.train import registry
 
     work, out = Path(args.workdir).resolve(), Path(args.out).resolve()
@@ -165,7 +166,7 @@ def main() -> None:
     print(f"\n{args.metric}: the soup (mixed) against each judge, McNemar one-sided (mixed better)\n{HEAD}")
     for split in SPLITS:
         metric = f"{split}/{args.metric}"
-        soup = meta.stored_outcomes(cfg, str(work / "data" / "gold"), str(out / "data" / "meta"), metric)
+        soup = meta.stored_outcomes(cfg, paths(cfg, 0)["gold"], str(out / "data" / "meta"), metric)
         for ref, it in zip(refs, iterations):
             _row(f"{split} vs {it:03d}", compare(soup, outcomes(cfg, it, metric)))
 
