@@ -226,7 +226,7 @@ def run_stage(
     t0 = time.perf_counter()
     n_batches = -(-source.row_count // batch_size)
     run_key = finished_batches.key(stage_hash, [u.content_hash for u in upstream], batch_size)
-    kept = finished_batches.load(_absolute(output), run_key, n_batches)  # an interrupted attempt's batches
+    kept = finished_batches.load(_absolute(output), run_key, n_batches, kind)  # an interrupted attempt's batches
     todo = [i for i in range(n_batches) if i not in kept]
     writer = PartsWriter(output, kind, config_hash=stage_hash, producer=name, upstream=upstream)
     n_in, placement, counters = 0, {}, Counter()
