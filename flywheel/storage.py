@@ -2,7 +2,8 @@
 
 Every dataset path in flywheel goes through here, so a stage never cares where its data lives.
 Plain paths (relative or absolute, or os.PathLike) map to the local filesystem; anything with a scheme
-(`s3://`, `gs://`, `file://`, `hdfs://`) goes to `pyarrow.fs.FileSystem.from_uri`.
+(`s3://`, `gs://`, `file://`, `hdfs://`) goes to `pyarrow.fs.FileSystem.from_uri`, but gs:// to a GCS emulator when
+CLOUD_STORAGE_EMULATOR_ENDPOINT names one.
 """
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ import pyarrow.fs as pafs
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 # Object stores make a single PUT visible atomically, and "move" there is copy+delete (not atomic, 2x cost).
 _DIRECT_WRITE = ("S3FileSystem", "GcsFileSystem")
+# Google's variable for a GCS emulator: set, gs:// URIs go to it (for S3, pyarrow reads AWS_ENDPOINT_URL itself)
+GCS_EMULATOR_ENV = "CLOUD_STORAGE_EMULATOR_ENDPOINT"
 
 
 def is_uri(uri: str | os.PathLike) -> bool:
@@ -27,10 +30,24 @@ def resolve(uri: str | os.PathLike) -> tuple[pafs.FileSystem, str]:
     uri = os.fspath(uri)
     if not uri:
         raise ValueError("empty storage URI")
+    if uri.startswith("gs://") and os.environ.get(GCS_EMULATOR_ENV):
+        return _gcs_emulator(os.environ[GCS_EMULATOR_ENV]), uri[len("gs://"):]
     if is_uri(uri):
         return pafs.FileSystem.from_uri(uri)
     # from_uri refuses relative paths ("URI has empty scheme"), so plain paths are made absolute here.
     return pafs.LocalFileSystem(), os.path.abspath(os.path.expanduser(uri))
+
+
+def _gcs_emulator(endpoint: str) -> pafs.FileSystem:
+    """pyarrow's GCS client pointed at an emulator (fake-gcs-server, gcp-storage-emulator), as Google's own clients
+    are by CLOUD_STORAGE_EMULATOR_ENDPOINT; pyarrow's from_uri reads no such variable (it would ask Google's
+    metadata server for credentials and hang). Anonymous: emulators take no credentials."""
+    scheme, sep, hostport = endpoint.partition("://")
+    if not sep:
+        scheme, hostport = "http", endpoint
+    if scheme not in ("http", "https") or not hostport.strip("/"):
+        raise ValueError(f"{GCS_EMULATOR_ENV}={endpoint!r}: expected http(s)://host:port")
+    return pafs.GcsFileSystem(anonymous=True, scheme=scheme, endpoint_override=hostport.strip("/"))
 
 
 def join(uri: str | os.PathLike, *parts: str) -> str:

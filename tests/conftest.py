@@ -52,6 +52,39 @@ def s3_bucket():
     server.stop()
 
 
+@pytest.fixture(scope="session")
+def gcs_bucket(tmp_path_factory):
+    """A GCS bucket, as `gs://flywheel`: gcp-storage-emulator on 127.0.0.1 (GCS's JSON API, in memory;
+    tests/gcs_emulator.py), found through CLOUD_STORAGE_EMULATOR_ENDPOINT as Google's clients find an emulator
+    (flywheel/storage.py); the client that runs is pyarrow's GCS filesystem, the one a cluster on GKE uses."""
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    from flywheel.raycluster import free_port
+
+    port, log = free_port(), tmp_path_factory.mktemp("gcs") / "emulator.log"
+    with open(log, "w") as out:
+        server = subprocess.Popen([sys.executable, os.path.join(os.path.dirname(__file__), "gcs_emulator.py"), str(port)],
+                                  stdout=out, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(100):
+        try:
+            urllib.request.urlopen(f"{url}/storage/v1/b/flywheel", timeout=1)
+            break
+        except OSError:
+            assert server.poll() is None, log.read_text()
+            time.sleep(0.1)
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("CLOUD_STORAGE_EMULATOR_ENDPOINT", url)
+            yield "gs://flywheel"
+    finally:
+        server.terminate()
+        server.wait(10)
+
+
 @pytest.fixture(autouse=True)
 def _ray_data_wait_kept_per_test():
     """Ray Data's actor wait is process-wide and init_ray sets it from each config (ray.wait_for_actors_s): a test

@@ -58,13 +58,13 @@ def _iteration(cfg, n: int, *, policy=POLICY, decisions=(), finished=True, run_i
 
 @pytest.fixture
 def store(tmp_path, request):
-    """Iterations 0-5 and the gold sets, on local storage (or, parametrized "s3", in an S3 bucket). 0-4 finished: 2 tried a LLaVA update (its pool ended there), 3 and 4 did
+    """Iterations 0-5 and the gold sets, on local storage (or, parametrized "s3" or "gcs", in an S3 or a GCS bucket). 0-4 finished: 2 tried a LLaVA update (its pool ended there), 3 and 4 did
     not and 5 (unfinished) started from the same LLaVA, so their pairs wait in its pool. The gold sets come from
     iteration 0's prompts, named by a path in a bucket the store has moved from: the path below the root matches.
     Iteration 4's pooled pairs were made from iteration 1's pairs. Iteration 2 holds an attempt that never wrote
     its manifest."""
-    on_s3 = getattr(request, "param", "local") == "s3"
-    root = f"{request.getfixturevalue('s3_bucket')}/{tmp_path.name}" if on_s3 else None
+    bucket = {"s3": "s3_bucket", "gcs": "gcs_bucket"}.get(getattr(request, "param", "local"))
+    root = f"{request.getfixturevalue(bucket)}/{tmp_path.name}" if bucket else None
     cfg = load_config(None, [f"run.workdir={tmp_path}/wd", *([f"storage.uri={root}"] if root else [])])
     tracker = Tracker(cfg)
     runs = {}
@@ -103,7 +103,7 @@ def _exists(cfg, n: int, name: str) -> bool:
     return storage.exists(storage.join(paths(cfg, n)[head], rest, "manifest.json"))
 
 
-@pytest.mark.parametrize("store", ["local", "s3"], indirect=True)
+@pytest.mark.parametrize("store", ["local", "s3", "gcs"], indirect=True)
 def test_old_iterations_lose_only_what_nothing_kept_reads(store):
     cfg, runs = store
     plan = retention.plan_for(cfg, 1)
@@ -139,7 +139,7 @@ def test_old_iterations_lose_only_what_nothing_kept_reads(store):
     gold, _ = read_dataset(storage.join(paths(cfg, 0)["gold"], "id-test/prompts"))  # still verifies
     assert gold.num_rows == 1 and read_dataset(paths(cfg, 0)["prompts"])[0].num_rows == 3
     assert retention.plan_for(cfg, 1).datasets == 0  # nothing left to prune: a second run deletes nothing
-    if cfg.storage.uri.startswith("s3://"):
+    if storage.is_uri(cfg.storage.uri):
         assert not list(Path(cfg.run.workdir).rglob("manifest.json"))  # all of it was in the bucket
 
 
@@ -162,7 +162,7 @@ def test_an_unreadable_manifest_stops_the_prune_before_anything_goes(store):
     assert _exists(cfg, 2, "prompts")
 
 
-@pytest.mark.parametrize("store", ["local", "s3"], indirect=True)
+@pytest.mark.parametrize("store", ["local", "s3", "gcs"], indirect=True)
 def test_prune_command_shows_the_plan_then_deletes_and_data_and_mlflow_say_so(store):
     cfg, runs = store
     over = [f"run.workdir={cfg.run.workdir}", f"storage.uri={cfg.storage.uri}"]

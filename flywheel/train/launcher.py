@@ -41,6 +41,19 @@ def checkpoint_root(cfg: Config) -> str:
     return storage.join(cfg.storage.uri, "checkpoints")
 
 
+def storage_args(cfg: Config) -> dict:
+    """RunConfig's storage: the filesystem flywheel/storage.py resolves, not Ray's own resolution of the URI (which
+    knows no GCS emulator and would hang asking Google's metadata server for credentials)."""
+    fs, root = storage.resolve(checkpoint_root(cfg))
+    return {"storage_path": root, "storage_filesystem": fs}
+
+
+def checkpoint_uri(cfg: Config, path: str) -> str:
+    """A checkpoint's storage URI from Ray Train's path inside the filesystem (s3://b/x for b/x)."""
+    uri, (_, root) = checkpoint_root(cfg), storage.resolve(checkpoint_root(cfg))
+    return uri + path[len(root):] if path.startswith(root) else path
+
+
 def run_dir(cfg: Config, run_name: str) -> str:
     return storage.join(checkpoint_root(cfg), run_name)
 
@@ -272,7 +285,7 @@ def launch(cfg: Config, job: TrainJob, run_name: str, local_dir: str) -> LaunchR
         torch_config=torch_config(cfg.resources.train, cfg.ray.wait_for_actors_s),
         run_config=RunConfig(
             name=run_name,
-            storage_path=checkpoint_root(cfg),
+            **storage_args(cfg),
             failure_config=failure_config(cfg, s.max_failures),
             # +1: the final export is a checkpoint too and must not push out the last resumable one
             checkpoint_config=CheckpointConfig(num_to_keep=s.keep_checkpoints + 1),
@@ -323,4 +336,5 @@ def launch(cfg: Config, job: TrainJob, run_name: str, local_dir: str) -> LaunchR
     if failures:
         log.warning("training %s: %d worker-group failure(s), restarted from the latest checkpoint (resumed from "
                     "step %s)", run_name, failures, final.get("resumed_from"))
-    return LaunchResult(run_name, checkpoint.path, os.path.join(target, EXPORT_DIR), final, steps, failures, nodes)
+    return LaunchResult(run_name, checkpoint_uri(cfg, checkpoint.path), os.path.join(target, EXPORT_DIR), final, steps,
+                        failures, nodes)

@@ -1,7 +1,7 @@
-"""A whole tiny iteration with its storage in an S3 bucket (`storage.uri: s3://...`, as configs/gpu_7b.yaml has it):
-Ray Data's stages read and write their Parquet there, Ray Train its checkpoints, the driver its manifests, records
-and stage clock; a second run finds the iteration finished there. The bucket is moto's S3 server (tests/conftest.py
-s3_bucket: no object store is reachable here); the client is pyarrow's and Ray's own."""
+"""A whole tiny iteration with its storage in a bucket (`storage.uri: s3://...`, as configs/gpu_7b.yaml has it, or
+gs://...): Ray Data's stages read and write their Parquet there, Ray Train its checkpoints, the driver its manifests,
+records and stage clock; a second run finds the iteration finished there. No object store is reachable here: the S3
+bucket is moto's server, the GCS one gcp-storage-emulator (tests/conftest.py); the clients are pyarrow's and Ray's."""
 
 import subprocess
 import sys
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.slow
 
 
 def _iteration(run: list[str], log: Path) -> str:
-    with open(log, "w") as out:  # the subprocess, and the Ray it starts, inherit the bucket's AWS_* variables
+    with open(log, "w") as out:  # the subprocess, and the Ray it starts, inherit the variables that find the bucket
         proc = subprocess.run([sys.executable, str(REPO_ROOT / "jobs" / "iteration.py"), *run], stdout=out,
                               stderr=subprocess.STDOUT, timeout=1200)
     text = log.read_text()
@@ -28,14 +28,15 @@ def _iteration(run: list[str], log: Path) -> str:
     return text
 
 
-def test_an_iteration_on_s3_storage(s3_bucket, tmp_path):
-    root = f"{s3_bucket}/{tmp_path.name}"
+@pytest.mark.parametrize("bucket", ["s3_bucket", "gcs_bucket"])
+def test_an_iteration_in_a_bucket(bucket, tmp_path, request):
+    root = f"{request.getfixturevalue(bucket)}/{tmp_path.name}"
     run = [f"run.workdir={tmp_path / 'wd'}", f"storage.uri={root}", *TINY]
     _iteration(run, tmp_path / "first.log")
 
     cfg = load_config(REPO_ROOT / "configs" / "local.yaml", run)
     record = IterationRecord.load(iteration_dir(cfg, 0))
-    assert record.finished and iteration_dir(cfg, 0).startswith("s3://")
+    assert record.finished and iteration_dir(cfg, 0).startswith(root)
     p = paths(cfg, 0)
     for name in ("prompts", "candidates", "labels"):
         verify_dataset(p[name])  # rows and content hash as the manifest says, read back from the bucket
