@@ -66,15 +66,16 @@ def gcs_bucket(tmp_path_factory):
 
     port, log = free_port(), tmp_path_factory.mktemp("gcs") / "emulator.log"
     with open(log, "w") as out:
-        server = subprocess.Popen([sys.executable, os.path.join(os.path.dirname(__file__), "gcs_emulator.py"), str(port)],
-                                  stdout=out, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(100):
+        script = os.path.join(os.path.dirname(__file__), "gcs_emulator.py")
+        server = subprocess.Popen([sys.executable, script, str(port)], stdout=out, stderr=subprocess.STDOUT)
+    url, deadline = f"http://127.0.0.1:{port}", time.monotonic() + 30
+    while True:
         try:
             urllib.request.urlopen(f"{url}/storage/v1/b/flywheel", timeout=1)
             break
         except OSError:
-            assert server.poll() is None, log.read_text()
+            assert server.poll() is None and time.monotonic() < deadline, \
+                f"the GCS emulator did not answer on {url}: {log.read_text()}"
             time.sleep(0.1)
     try:
         with pytest.MonkeyPatch.context() as mp:

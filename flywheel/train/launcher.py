@@ -50,8 +50,8 @@ def storage_args(cfg: Config) -> dict:
 
 def checkpoint_uri(cfg: Config, path: str) -> str:
     """A checkpoint's storage URI from Ray Train's path inside the filesystem (s3://b/x for b/x)."""
-    uri, (_, root) = checkpoint_root(cfg), storage.resolve(checkpoint_root(cfg))
-    return uri + path[len(root):] if path.startswith(root) else path
+    root = storage_args(cfg)["storage_path"]
+    return checkpoint_root(cfg) + path[len(root):] if path.startswith(root) else path
 
 
 def run_dir(cfg: Config, run_name: str) -> str:
@@ -319,7 +319,7 @@ def launch(cfg: Config, job: TrainJob, run_name: str, local_dir: str) -> LaunchR
 
         log.warning("Ray Train reported %s after the run's final checkpoint was committed; using that checkpoint",
                     type(failure).__name__)
-        checkpoint = Checkpoint(path=finals[-1]["checkpoint"], filesystem=storage.resolve(checkpoint_root(cfg))[0])
+        checkpoint = Checkpoint(path=finals[-1]["checkpoint"], filesystem=storage_args(cfg)["storage_filesystem"])
     if checkpoint is None:
         raise RuntimeError(f"training {run_name} finished without a checkpoint")
     target = os.path.join(local_dir, "final")

@@ -41,7 +41,9 @@ def test_an_iteration_in_a_bucket(bucket, tmp_path, request):
     for name in ("prompts", "candidates", "labels"):
         verify_dataset(p[name])  # rows and content hash as the manifest says, read back from the bucket
     assert read_manifest(storage.join(p["curated"], "sft")).row_count > 0
-    assert storage.subdirs(storage.join(root, "checkpoints"))  # Ray Train's run folders
+    trainings = storage.subdirs(storage.join(root, "checkpoints"))  # Ray Train's run folders
+    assert trainings and all(any(d.startswith("checkpoint_") for d in storage.subdirs(storage.join(
+        root, "checkpoints", t))) for t in trainings)  # listed, as retention lists them (GCS: from marker objects)
     assert not list((tmp_path / "wd").rglob("manifest.json"))  # nothing of the data on the local disk
 
     text = _iteration(run, tmp_path / "second.log")
