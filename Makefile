@@ -22,11 +22,11 @@ run: setup  ## one flywheel iteration on the embedded default (configs/local.yam
 smoke: setup  ## build the tiny models and run each engine once (a quick plumbing check)
 	$(PY) jobs/smoke.py --config $(CONFIG)
 
-test: setup  ## the default test suite (slow tests excluded)
-	$(PY) -m pytest -q $(XDIST) -m "not slow" --durations=15
+test: setup  ## the default test suite (slow tests excluded); -rs: a skipped test says why in the summary
+	$(PY) -m pytest -q $(XDIST) -m "not slow" --durations=15 -rs
 
 test-slow: setup  ## the slow tests but the hour-long full default iteration (~25-45 min); CI runs them too
-	$(PY) -m pytest -q -m "slow and not fullrun" --durations=10
+	$(PY) -m pytest -q -m "slow and not fullrun" --durations=10 -rs
 
 test-all: setup  ## every test, slow ones and the full default iteration included
 	$(PY) -m pytest -q

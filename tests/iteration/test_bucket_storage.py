@@ -14,6 +14,7 @@ from flywheel.config import REPO_ROOT, load_config
 from flywheel.datasets import read_manifest, verify_dataset
 from flywheel.iteration import iteration_dir, paths
 from flywheel.iteration_record import IterationRecord
+from flywheel.train import registry
 from tiny_iteration import TINY
 
 pytestmark = pytest.mark.slow
@@ -44,6 +45,10 @@ def test_an_iteration_in_a_bucket(bucket, tmp_path, request):
     trainings = storage.subdirs(storage.join(root, "checkpoints"))  # Ray Train's run folders
     assert trainings and all(any(d.startswith("checkpoint_") for d in storage.subdirs(storage.join(
         root, "checkpoints", t))) for t in trainings)  # listed, as retention lists them (GCS: from marker objects)
+    client = registry.client(cfg)  # a registered version names its Ray Train checkpoint by URI, scheme and all
+    marks = [v.tags.get("flywheel.checkpoint", "") for m in client.search_registered_models()
+             for v in client.search_model_versions(f"name='{m.name}'")]
+    assert marks and all(c.startswith(storage.join(root, "checkpoints") + "/") for c in marks), marks
     assert not list((tmp_path / "wd").rglob("manifest.json"))  # nothing of the data on the local disk
 
     text = _iteration(run, tmp_path / "second.log")
