@@ -42,13 +42,14 @@ def test_an_iteration_in_a_bucket(bucket, tmp_path, request):
     for name in ("prompts", "candidates", "labels"):
         verify_dataset(p[name])  # rows and content hash as the manifest says, read back from the bucket
     assert read_manifest(storage.join(p["curated"], "sft")).row_count > 0
-    trainings = storage.subdirs(storage.join(root, "checkpoints"))  # Ray Train's run folders
+    checkpoints = storage.join(root, "checkpoints")
+    trainings = storage.subdirs(checkpoints)  # Ray Train's run folders
     assert trainings and all(any(d.startswith("checkpoint_") for d in storage.subdirs(storage.join(
-        root, "checkpoints", t))) for t in trainings)  # listed, as retention lists them (GCS: from marker objects)
+        checkpoints, t))) for t in trainings)  # listed, as retention lists them (GCS: from marker objects)
     client = registry.client(cfg)  # a registered version names its Ray Train checkpoint by URI, scheme and all
     marks = [v.tags.get("flywheel.checkpoint", "") for m in client.search_registered_models()
              for v in client.search_model_versions(f"name='{m.name}'")]
-    assert marks and all(c.startswith(storage.join(root, "checkpoints") + "/") for c in marks), marks
+    assert marks and all(c.startswith(checkpoints + "/") for c in marks), marks
     assert not list((tmp_path / "wd").rglob("manifest.json"))  # nothing of the data on the local disk
 
     text = _iteration(run, tmp_path / "second.log")
