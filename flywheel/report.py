@@ -130,6 +130,9 @@ def iteration_rows(cfg: Config) -> list[IterationRow]:
 
     from flywheel import track
 
+    uri = cfg.tracking.uri
+    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).exists():
+        return []  # never run here: reading would create an empty tracking database in a workdir by mistake
     client = track.client(cfg)
     exp = client.get_experiment_by_name(cfg.experiment)
     if exp is None:

@@ -123,6 +123,7 @@ def test_cli_prints_a_table_and_json_lines(workdir):
 def test_an_empty_store_says_so_and_fails(tmp_path):
     out = CliRunner().invoke(app, ["report", f"run.workdir={tmp_path}", "run.name=nothing-here"])
     assert out.exit_code == 1 and "no iterations" in out.output
+    assert not (tmp_path / "mlflow.db").exists()  # reading a workdir never run does not create its store
 
 
 def test_a_tracking_server_that_does_not_answer_is_named_in_one_line(tmp_path):
