@@ -172,14 +172,26 @@ def rebalance_subtasks(rows: Iterable[dict], cfg: SubtaskRebalanceConfig | None 
 
 def weight_protocols(rows: Iterable[dict], cfg: ProtocolWeightsConfig | None = None, *,
                      seed: int = 0) -> tuple[list[dict], FilterReport]:
-    """Each named protocol's SFT rows scaled by its weight as a whole: the bucket's target is round(n x weight),
-    reached by the Q3 rule's repetition or cut (`resample`), so a weight of 1.5 repeats a seeded half once."""
+    """Each named protocol's (and task's) SFT rows scaled by its weight as a whole: the bucket's target is
+    round(n x weight), reached by the Q3 rule's repetition or cut (`resample`), so a weight of 1.5 repeats a seeded
+    half once. A row's weight is its protocol's times its task's; a bucket is a protocol, or a protocol's rows of a
+    named task."""
     cfg = cfg or ProtocolWeightsConfig()
     rows = list(rows)
-    strata, _ = _strata(rows, lambda r: (None, r["protocol"]) if r.get("protocol") in cfg.weights else None)
-    # one bucket per protocol, its target round(n x weight) (half up)
+
+    def bucket(r: dict):
+        p, t = r.get("protocol"), r.get("task")
+        if t in cfg.tasks:
+            return None, (p, t)
+        return (None, p) if p in cfg.weights else None
+
+    def weight(r: dict) -> float:
+        return cfg.weights.get(r.get("protocol"), 1.0) * cfg.tasks.get(r.get("task"), 1.0)
+
+    strata, _ = _strata(rows, bucket)
+    # one bucket per protocol (per protocol and task where a task is named), its target round(n x weight), half up
     counts = _resample_buckets(rows, strata, lambda buckets, idx: max(1, math.floor(
-        len(idx) * cfg.weights[rows[idx[0]]["protocol"]] + 0.5)), seed=seed, name="protocol_weights")
-    stats = {"added": sum(c - 1 for c in counts if c > 1), "protocols": sum(len(b) for b in strata.values())}
+        len(idx) * weight(rows[idx[0]]) + 0.5)), seed=seed, name="protocol_weights")
+    stats = {"added": sum(c - 1 for c in counts if c > 1), "buckets": sum(len(b) for b in strata.values())}
     return _counts_to_rows(rows, counts), make_report("protocol_weights", len(rows), sum(counts),
                                                       {"downweighted": counts.count(0)}, stats)

@@ -5,7 +5,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from flywheel.records import PROTOCOLS
+from flywheel.records import PROTOCOLS, TASKS
 from flywheel.strict_model import StrictModel
 
 
@@ -60,15 +60,19 @@ class ProtocolWeightsConfig(StrictModel):
                                       "every row twice; 1.5: every row once and a seeded half of them again; 0.5: a "
                                       "seeded half kept). A protocol not named keeps its rows as they are. E.g. "
                                       "{claims: 2} weights claim checks up against whole ratings.")
+    tasks: dict[str, float] = Field({}, description="Per task (nlg, iu, ig, itig), a factor on its SFT rows, "
+                                    "times its protocol's weight: {ig: 2} puts every drawing judgment in twice, "
+                                    "e.g. where the judge ranks drawings worse than text. A task not named: 1.")
 
     @model_validator(mode="after")
     def _known_and_positive(self):
-        for name, w in self.weights.items():
-            if name not in PROTOCOLS:
-                raise ValueError(f"protocol_weights.weights: {name!r} is not a protocol; one of {list(PROTOCOLS)}")
-            if not w > 0:
-                raise ValueError(f"protocol_weights.weights.{name}: {w} must be > 0 (to train on none of a "
-                                 "protocol's rows, leave it out of judgments.protocols)")
+        for field, what, known in (("weights", "protocol", PROTOCOLS), ("tasks", "task", TASKS)):
+            for name, w in getattr(self, field).items():
+                if name not in known:
+                    raise ValueError(f"protocol_weights.{field}: {name!r} is not a {what}; one of {list(known)}")
+                if not w > 0:
+                    raise ValueError(f"protocol_weights.{field}.{name}: {w} must be > 0 (to train on none of a "
+                                     "protocol's or task's rows, leave it out of judgments.protocols)")
         return self
 
 

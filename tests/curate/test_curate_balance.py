@@ -152,7 +152,7 @@ def test_protocol_weights_scale_one_protocols_rows_as_a_whole():
     assert sum(got[f"sf_claim_{i}"] for i in range(10)) == 15
     assert sorted(got[f"sf_claim_{i}"] for i in range(10)) == [1] * 5 + [2] * 5  # a seeded half once more
     assert all(got[f"sf_pt_{i}"] == 1 for i in range(4))  # not named: as they were
-    check_report(rep, 14, 19, {}, added=5, protocols=1)
+    check_report(rep, 14, 19, {}, added=5, buckets=1)
     again, _ = weight_protocols(list(reversed(rows)), ProtocolWeightsConfig(weights={"claims": 1.5}), seed=0)
     assert Counter(r["sft_id"] for r in again) == got  # the same rows repeated in any input order
     out, rep = weight_protocols(rows, ProtocolWeightsConfig(weights={"claims": 2, "pointwise": 0.5}))
@@ -162,3 +162,17 @@ def test_protocol_weights_scale_one_protocols_rows_as_a_whole():
     for bad, match in (({"claim": 2}, "not a protocol"), ({"claims": 0}, "must be > 0")):
         with pytest.raises(ValidationError, match=match):
             ProtocolWeightsConfig(weights=bad)
+
+
+def test_task_weights_multiply_the_protocols_weight_on_that_tasks_rows():
+    rows = [{"sft_id": f"sf_{t}_{p}_{i}", "task": t, "protocol": p} for t in ("iu", "ig")
+            for p in ("pointwise", "claims") for i in range(4)]
+    out, rep = weight_protocols(rows, ProtocolWeightsConfig(weights={"claims": 2}, tasks={"ig": 1.5}), seed=0)
+    assert Counter((r["task"], r["protocol"]) for r in out) == {("iu", "pointwise"): 4, ("iu", "claims"): 8,
+                                                                 ("ig", "pointwise"): 6, ("ig", "claims"): 12}
+    check_report(rep, 16, 30, {}, added=14, buckets=3)
+    out, _ = weight_protocols(rows, ProtocolWeightsConfig(tasks={"ig": 0.5}), seed=0)
+    assert Counter(r["task"] for r in out) == {"iu": 8, "ig": 4}
+    for bad, match in (({"drawing": 2}, "'drawing' is not a task"), ({"ig": -1}, "tasks.ig: -1.0 must be > 0")):
+        with pytest.raises(ValidationError, match=match):
+            ProtocolWeightsConfig(tasks=bad)
