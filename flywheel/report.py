@@ -130,8 +130,8 @@ def iteration_rows(cfg: Config) -> list[IterationRow]:
 
     from flywheel import track
 
-    uri = cfg.tracking.uri
-    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).exists():
+    db = track.sqlite_file(cfg.tracking.uri)
+    if db is not None and not db.exists():
         return []  # never run here: reading would create an empty tracking database in a workdir by mistake
     client = track.client(cfg)
     exp = client.get_experiment_by_name(cfg.experiment)

@@ -86,6 +86,11 @@ def client(cfg: Config) -> MlflowClient:
     return MlflowClient(tracking_uri=cfg.tracking.uri, registry_uri=cfg.tracking.uri)
 
 
+def sqlite_file(uri: str) -> Path | None:
+    """The database file of a sqlite:/// tracking URI (None for any other store). MLflow creates it on first use."""
+    return Path(uri[len("sqlite:///"):]) if uri.startswith("sqlite:///") else None
+
+
 def _as_uri(location: str) -> str:
     return location if urlparse(location).scheme not in ("", "c", "d") else Path(location).resolve().as_uri()
 
@@ -96,8 +101,8 @@ class Tracker:
     def __init__(self, cfg: Config):
         self.cfg = cfg
         self.uri = cfg.tracking.uri
-        if self.uri.startswith("sqlite:///"):
-            Path(self.uri[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
+        if (db := sqlite_file(self.uri)) is not None:
+            db.parent.mkdir(parents=True, exist_ok=True)
         mlflow.set_tracking_uri(self.uri)
         self.client = client(cfg)
         exp = self.client.get_experiment_by_name(cfg.experiment)
