@@ -10,6 +10,11 @@ CONFIG ?= configs/local.yaml
 # failed to start (Ray gives a raylet 30 s to register, hard-coded), 2026-12-02.
 TEST_WORKERS ?= 2
 XDIST = -n $(TEST_WORKERS) --dist loadfile
+# A test that hangs fails after this long (its setup, call and teardown together; pytest-timeout) rather than
+# holding CI until its limit with no word of which one it was. The longest default-suite item took 160 s
+# (2026-12-03), a slow test's module fixture (an iteration killed and resumed) a few minutes.
+TIMEOUT = --timeout=900
+SLOW_TIMEOUT = --timeout=1800
 
 .PHONY: setup run smoke test test-slow test-all vllm-env models lock clean
 
@@ -23,10 +28,10 @@ smoke: setup  ## build the tiny models and run each engine once (a quick plumbin
 	$(PY) jobs/smoke.py --config $(CONFIG)
 
 test: setup  ## the default test suite (slow tests excluded); -rs: a skipped test says why in the summary
-	$(PY) -m pytest -q $(XDIST) -m "not slow" --durations=15 -rs
+	$(PY) -m pytest -q $(XDIST) $(TIMEOUT) -m "not slow" --durations=15 -rs
 
 test-slow: setup  ## the slow tests but the hour-long full default iteration (~25-45 min); CI runs them too
-	$(PY) -m pytest -q -m "slow and not fullrun" --durations=10 -rs
+	$(PY) -m pytest -q $(SLOW_TIMEOUT) -m "slow and not fullrun" --durations=10 -rs
 
 test-all: setup  ## every test, slow ones and the full default iteration included
 	$(PY) -m pytest -q
