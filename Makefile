@@ -8,8 +8,10 @@ CONFIG ?= configs/local.yaml
 # which pytest 9.2 no longer reads, so its groups are ignored.) TEST_WORKERS=0 runs it in this process.
 # The slow suite stays one test at a time: beside a test bringing up a 3-node cluster, a training's own Ray once
 # failed to start (Ray gives a raylet 30 s to register, hard-coded), 2026-12-02.
+# --max-worker-restart=0: a worker that dies (a stray SIGINT, the OOM killer) ends the run naming its test; with
+# loadfile, pytest-xdist 3.8 hangs for ever once it replaces a crashed worker (pytest-xdist#784, #1323; CI stop 81).
 TEST_WORKERS ?= 2
-XDIST = -n $(TEST_WORKERS) --dist loadfile
+XDIST = -n $(TEST_WORKERS) --dist loadfile --max-worker-restart=0
 # A test that hangs fails after this long (its setup, call and teardown together; pytest-timeout) rather than
 # holding CI until its limit with no word of which one it was. The longest default-suite item took 160 s
 # (2026-12-03), a slow test's module fixture (an iteration killed and resumed) a few minutes.
