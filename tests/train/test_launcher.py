@@ -12,6 +12,8 @@ from ray.train.v2._internal.constants import get_env_vars_to_propagate
 from flywheel.config import REPO_ROOT, load_config
 from flywheel.train.launcher import driver_env, ray_train_env
 
+from .sessions import kill_session
+
 POLL = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"
 LOCAL = REPO_ROOT / "configs" / "local.yaml"
 
@@ -98,26 +100,29 @@ def test_ctrl_c_during_a_training_stops_the_driver(tmp_path):
                             start_new_session=True)
     lines: list[str] = []
     try:
-        for line in proc.stdout:  # Ray's start-up first; FIT-RUNNING once fit() is under way
-            lines.append(line)
-            if line.startswith(("FIT-RUNNING", "NOT-INTERRUPTED")):
-                break
-        assert lines and lines[-1].startswith("FIT-RUNNING"), "".join(lines[-30:])
+        line = _read_until(proc, lines, "FIT-RUNNING")  # after Ray's start-up, once fit() is under way
+        assert line.startswith("FIT-RUNNING"), "".join(lines[-30:])
         time.sleep(0.5)
         proc.send_signal(signal.SIGINT)  # the user's Ctrl-C
         sent = time.monotonic()
-        for line in proc.stdout:
-            lines.append(line)
-            if line.startswith(("INTERRUPTED", "NOT-INTERRUPTED")):
-                break
+        line = _read_until(proc, lines, "INTERRUPTED")
         took = time.monotonic() - sent
-        assert lines[-1].split() == ["INTERRUPTED", "handler-restored"], "".join(lines[-30:])
+        assert line.split() == ["INTERRUPTED", "handler-restored"], "".join(lines[-30:])
         assert took < 3  # at once, not when the run ends (~6 s)
         assert proc.wait(timeout=60) == 130
     finally:
         if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+            kill_session(proc)  # its Ray's processes too, not only its process group
+
+
+def _read_until(proc, lines: list[str], marker: str) -> str:
+    """The child's next line starting with marker or NOT-INTERRUPTED (its other outcome); every line it read goes
+    into lines, for the failure message."""
+    for line in proc.stdout:
+        lines.append(line)
+        if line.startswith((marker, "NOT-INTERRUPTED")):
+            return line
+    return ""
 
 
 def test_a_bounded_wait_stays_bounded_when_workers_restart_for_ever(tmp_path):

@@ -24,6 +24,8 @@ from flywheel.train.synthetic import shape_image
 
 from flywheel.config import REPO_ROOT
 
+from .sessions import kill_session
+
 HERE = Path(__file__).parent
 LOCAL = REPO_ROOT / "configs" / "local.yaml"
 
@@ -79,13 +81,13 @@ def killed_run(ray_local, overrides, make_cfg, datasets, tmp_path_factory):
         except Exception as e:
             state["error"] = e
         finally:
-            state["survivors"] = _kill_session(proc)
+            state["survivors"] = kill_session(proc)
 
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
     yield state, watcher
     watcher.join(timeout=300)
-    _kill_session(proc)
+    kill_session(proc)
 
 
 @pytest.fixture(scope="module")
@@ -225,36 +227,6 @@ def _wait_for_checkpoint(cfg, run_name, proc, timeout=300) -> dict:
     raise RuntimeError("no checkpoint committed in time")
 
 
-def _session_pids(sid: int) -> list[int]:
-    pids = []
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                if os.getsid(int(d)) == sid:
-                    pids.append(int(d))
-            except (ProcessLookupError, PermissionError):
-                pass
-    return pids
-
-
-def _kill_session(proc) -> list[int]:
-    """SIGKILL everything the training process started: it leads its own session; Ray's workers sit in process
-    groups of their own inside that session, so killing the process group alone would let them train on."""
-    for pid in _session_pids(proc.pid):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    try:
-        proc.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        pass
-    deadline = time.time() + 30
-    while _session_pids(proc.pid) and time.time() < deadline:
-        time.sleep(0.1)
-    return _session_pids(proc.pid)
-
-
 @pytest.mark.slow  # ~45 s on 2 cores, after judge_sft's reference run
 def test_resume_after_kill_neither_skips_nor_repeats_data(judge_sft, killed_run, datasets):
     """verl #7401: a resumed run must continue at the checkpoint's step with the very next batch. The run is
@@ -301,7 +273,7 @@ def test_a_resumed_full_fine_tune_goes_on_from_its_checkpointed_weights(ray_loca
     try:
         _wait_for_checkpoint(cfg, run_name, proc)
     finally:
-        assert not _kill_session(proc)
+        assert not kill_session(proc)
     resumed = train(cfg, "judge-sft", datasets["sft"], run_name=run_name, register=False)
     reference = train(cfg, "judge-sft", datasets["sft"], run_name="resume-full-reference", register=False)
     assert resumed.final["resumed_from"] is not None and reference.final["resumed_from"] is None
