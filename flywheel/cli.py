@@ -157,7 +157,7 @@ def report(config: ConfigOpt = Path("configs/local.yaml"), overrides: Overrides 
 
     from rich.table import Table
 
-    from flywheel.report import iteration_rows
+    from flywheel.report import SPLITS, iteration_rows
 
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # a bar per summary read
     cfg = _load(config, overrides)
@@ -215,10 +215,26 @@ def report(config: ConfigOpt = Path("configs/local.yaml"), overrides: Overrides 
             console.print(f"* iteration {r.iteration}: {r.busy}")
         if r.problem:
             console.print(f"[yellow]iteration {r.iteration} (MLflow run {r.run_id}): {r.problem}[/yellow]")
+    if versus := [r for r in rows if r.vs_teacher]:
+        metric = next(iter(versus[-1].vs_teacher.values()))["metric"]
+        console.print(f"The judge vs its noisy teacher, gold pair by gold pair ({metric}): pairs only the judge "
+                      "gets right / only the teacher does, and McNemar's one-sided p that the judge is the better "
+                      "(above its teacher beyond chance when p < 0.05):")
+        for r in versus:
+            console.print(f"  iteration {r.iteration}: " + ", ".join(
+                f"{split} {_versus(d)}" for split, d in r.vs_teacher.items() if split in SPLITS.values()))
     if any(r.judge_interval for r in rows):
         console.print("±: the larger side of the accuracy's 95% Wilson interval over the gold pairs it counts "
                       "(--json has the intervals): judges that differ by less may differ by chance.")
     console.print("Each iteration's whole summary: its MLflow run's description and summary/summary.json.")
+
+
+def _versus(d: dict) -> str:
+    """The judge against its teacher on one split: "15/13 p=0.35" (pairs only the judge / only the teacher
+    gets right, McNemar's one-sided p)."""
+    if "unavailable" in d:
+        return "not compared"
+    return f"{d['better']}/{d['worse']} p={d['p']:.2g}" if d["pairs"] else "no shared pairs"
 
 
 def _with_bias(row, key: str, num) -> str:

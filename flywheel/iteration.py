@@ -42,6 +42,7 @@ class IterationResult:
     cpus: int | None = None
     counts: dict[str, int] = field(default_factory=dict)
     meta_eval: dict = field(default_factory=dict)
+    vs_teacher: dict[str, dict] = field(default_factory=dict)  # split -> the judge vs its teacher (McNemar)
     downstream: dict = field(default_factory=dict)
     decisions: list[dict] = field(default_factory=list)
     models: dict[str, str] = field(default_factory=dict)
@@ -118,6 +119,7 @@ def _prune_after(cfg: Config, res: IterationResult) -> None:
 
 def _run_iteration(cfg: Config, n: int, tracker: Tracker | None) -> IterationResult:
     from flywheel.evaluate import meta
+    from flywheel.evaluate.versus_teacher import versus_teacher
     from flywheel.stages import base_models, candidates, curate, gold, judgments, prompts
 
     it_dir = iteration_dir(cfg, n)
@@ -177,6 +179,9 @@ def _run_iteration(cfg: Config, n: int, tracker: Tracker | None) -> IterationRes
                 res.meta_eval["baseline"] = meta.run(start, p["gold"], p["meta-eval-baseline"])
             # The bar the flywheel aims at: the noisy teacher's own agreement with gold, on the same items.
             res.meta_eval["teacher"] = meta.run(start, p["gold"], p["meta-eval-teacher"], role="teacher")
+            # above that bar beyond chance? pair by pair on the same gold (McNemar)
+            res.vs_teacher = versus_teacher(cfg, p["gold"], p["meta-eval"], p["meta-eval-teacher"],
+                                            list(res.meta_eval["challenger"]))
         with stage("gate-judge"):
             decision = gate_judge(cfg, judge_new, judge0, res.meta_eval, p)
             res.decisions.append(decision)
@@ -434,7 +439,7 @@ def _summarize(res: IterationResult) -> None:
                        {f"count.{k}": float(v) for k, v in res.counts.items()} |
                        {f"quarantined.{k}": float(v) for k, v in res.quarantined.items()})
     summary = {"iteration": res.iteration, "seconds": res.seconds, "load": res.load, "cpus": res.cpus,
-               "counts": res.counts, "meta_eval": res.meta_eval,
+               "counts": res.counts, "meta_eval": res.meta_eval, "vs_teacher": res.vs_teacher,
                "downstream": res.downstream, "decisions": res.decisions, "models": res.models,
                "pairs_vs_oracle": res.pairs_vs_oracle, "pools": res.pools,
                "relabeled": res.relabeled, "quarantined": res.quarantined}

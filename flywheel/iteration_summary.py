@@ -49,6 +49,8 @@ def describe(s: dict) -> str:
     for who, splits in s["meta_eval"].items():
         lines += [f"| {who} | {split} | " + " | ".join(_cell(m.get(k)) for k in META_COLUMNS) + " |"
                   for split, m in splits.items()]
+    if vs := s.get("vs_teacher"):  # absent from summaries written before it
+        lines += ["", vs_teacher_line(vs)]
     for split, m in s["meta_eval"].get("challenger", {}).items():
         if m.get("all/claims/n"):  # gold with claim checks (world.gold.protocols)
             lines += ["", f"*Claim checks, {split}:* gold's verdict on {_cell(m.get('all/claims/exact'))} of "
@@ -104,3 +106,18 @@ def right_of(agreement: dict) -> str:
     """"right/graded" of a pairs-vs-oracle agreement (flywheel/preferences.py pairs_vs_oracle)."""
     graded = sum(agreement.get(f"all/{v}", 0) for v in ("right", "tie", "wrong"))
     return f"{agreement['all/right']:.0f}/{graded:.0f}" if graded else "not graded"
+
+
+def vs_teacher_line(vs: dict[str, dict]) -> str:
+    """The judge against its teacher (flywheel/evaluate/versus_teacher.py) as one line of markdown."""
+    parts = []
+    for split, d in vs.items():
+        if "unavailable" in d:
+            parts.append(f"{split}: not compared ({d['unavailable']})")
+        elif not d["pairs"]:
+            parts.append(f"{split}: no gold pair scored by both")
+        else:
+            parts.append(f"{split}: {d['better']} pairs only the judge gets right, {d['worse']} only the teacher "
+                         f"(of {d['pairs']}; one-sided McNemar p={d['p']:.2g})")
+    metric = next(iter(vs.values()))["metric"]
+    return f"*The judge vs its noisy teacher* ({metric}, gold pair by gold pair): " + "; ".join(parts)

@@ -43,6 +43,9 @@ class IterationRow:
     # the accuracies' CONFIDENCE intervals over the n gold pairs behind them: a small gold set moves by chance
     judge_interval: dict[str, list[float]] = field(default_factory=dict)
     teacher: dict[str, float] = field(default_factory=dict)
+    # gold split -> the judge against its teacher pair by pair: {"metric", "pairs", "better", "worse", "p"}
+    # (flywheel/evaluate/versus_teacher.py); empty in summaries written before it
+    vs_teacher: dict[str, dict] = field(default_factory=dict)
     # ranking accuracy per sub-task, "<split>/<sub-task>" (e.g. "id/iu_caption"): where the judge fails
     subtasks: dict[str, float] = field(default_factory=dict)
     teacher_subtasks: dict[str, float] = field(default_factory=dict)
@@ -102,6 +105,7 @@ def row_of(iteration: int, run_id: str, status: str, summary: dict | None,
     row.judge = _judge_metrics(meta.get("challenger", {}))
     row.judge_interval = _intervals(meta.get("challenger", {}))
     row.teacher = _judge_metrics(meta.get("teacher", {}))
+    row.vs_teacher = summary.get("vs_teacher") or {}
     row.subtasks = _per_subtask(meta.get("challenger", {}))
     row.teacher_subtasks = _per_subtask(meta.get("teacher", {}))
     row.subtask_pairwise = _per_subtask(meta.get("challenger", {}), SUBTASK_PAIRWISE)

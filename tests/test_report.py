@@ -33,6 +33,9 @@ def _meta(ranking: float) -> dict:
                          "subtask/ig_relation/pointwise_ranking/accuracy": ranking - 0.1}}
 
 
+VS = {"metric": "all/pointwise_ranking/accuracy"}
+
+
 def _iteration(tracker: Tracker, n: int, ranking: float | None, promoted: bool = False) -> str:
     with tracker.iteration(n) as parent:
         with tracker.stage("prompts"):
@@ -41,6 +44,9 @@ def _iteration(tracker: Tracker, n: int, ranking: float | None, promoted: bool =
             res = IterationResult(n, parent.info.run_id, seconds={"prompts": 1.5, "judge-sft": 300.0}, cpus=2,
                                   load={"prompts": 2.0, "judge-sft": 4.6 if n == 0 else 2.2})  # 0: a shared box
             res.meta_eval = {"challenger": _meta(ranking), "teacher": _meta(0.95)}
+            if n == 1:  # iteration 0's summary is as one written before the judge was compared with its teacher
+                res.vs_teacher = {"id-test": {**VS, "pairs": 202, "better": 15, "worse": 13, "p": 0.425},
+                                  "ood-test": {**VS, "unavailable": "cannot read the meta-eval at x"}}
             res.downstream = {"policy": {"before": {"accuracy": 0.43}, "after": {"accuracy": 0.48}},
                               "generator": {"before": {"score10": 4.4}, "after": {"score10": 4.38}}}
             # two LLaVA methods: one refused by its training, the other gated (and kept out)
@@ -73,6 +79,8 @@ def test_rows_come_from_each_iterations_latest_run(workdir):
     assert rows[1].judge == {"id/ranking": 0.73, "id/pairwise": 0.3, "id/pearson": 0.5,
                              "ood/ranking": pytest.approx(0.83)}
     assert rows[1].teacher["id/ranking"] == 0.95
+    assert rows[1].vs_teacher["id-test"] == {**VS, "pairs": 202, "better": 15, "worse": 13, "p": 0.425}
+    assert rows[0].vs_teacher == {}
     assert rows[1].subtasks == {"id/iu_caption": pytest.approx(0.53), "id/iu_count": 1.0,
                                 "ood/ig_relation": pytest.approx(0.63)}
     assert rows[1].teacher_subtasks["id/iu_caption"] == pytest.approx(0.75)
@@ -100,6 +108,10 @@ def test_cli_prints_a_table_and_json_lines(workdir):
     assert "Wilson interval" in out.output
     assert "4.400 → 4.380" in lines["1"] and "judge" in lines["1"] and "302" in lines["1"]
     assert "0.950" in lines["teacher"] and "Downloading" not in out.output
+    # the judge against its teacher pair by pair: iteration 1's counts, none recorded in iteration 0's summary
+    text = " ".join(out.output.split())
+    assert "The judge vs its noisy teacher, gold pair by gold pair (all/pointwise_ranking/accuracy)" in text
+    assert "iteration 1: id-test 15/13 p=0.42, ood-test not compared" in text and "iteration 0: id-test" not in text
     assert lines["0"].count("refused") == 1  # the LLaVA's; the SDXL made no decision in iteration 0 ...
     assert "pairs 80/300" in lines["0"]  # ... its update waits for more pooled pairs
     assert "302*" in lines["0"] and "302*" not in lines["1"]  # iteration 0's times were taken on a busy machine
@@ -174,6 +186,11 @@ def test_the_iteration_description_names_the_sub_tasks_worst_first():
     lines = [line for line in describe(summary).splitlines() if "per sub-task" in line]
     assert lines == ["*Ranking accuracy per sub-task, id-test:* iu_caption 0.530, iu_count 1.000",
                      "*Ranking accuracy per sub-task, ood-test:* ig_relation 0.630"]  # the challenger's only
+    assert "noisy teacher*" not in describe(summary)  # a summary from before the comparison
+    summary["vs_teacher"] = {"id-test": {**VS, "pairs": 202, "better": 15, "worse": 13, "p": 0.425}}
+    assert ("*The judge vs its noisy teacher* (all/pointwise_ranking/accuracy, gold pair by gold pair): id-test: 15 "
+            "pairs only the judge gets right, 13 only the teacher (of 202; one-sided McNemar p=0.42)"
+            in describe(summary).splitlines())
 
 
 def test_the_iteration_description_says_what_the_next_judge_trains_from():

@@ -85,8 +85,16 @@ def test_iteration_job_records_an_iteration_with_its_stages_in_mlflow(local_ray_
               == parent.info.run_id and "flywheel.stage" in r.data.tags}
     assert JUDGE_STAGES <= set(stages), sorted(stages)
     assert all(r.info.status == "FINISHED" for r in stages.values()), {k: r.info.status for k, r in stages.items()}
-    seconds = mlflow.artifacts.load_dict(f"{parent.info.artifact_uri}/summary/summary.json")["seconds"]
-    assert {k: r.data.metrics["stage.seconds_total"] for k, r in stages.items()} == pytest.approx(seconds)
+    summary = mlflow.artifacts.load_dict(f"{parent.info.artifact_uri}/summary/summary.json")
+    assert {k: r.data.metrics["stage.seconds_total"] for k, r in stages.items()} == pytest.approx(summary["seconds"])
+    # the judge against its teacher pair by pair, recomputed from both meta-evals on storage: the pairs only one
+    # of them orders right make up the difference of their accuracies on the same gold pairs
+    metric = "all/pointwise_ranking/accuracy"
+    for split in ("id-test", "ood-test"):
+        vs, judge, teacher = (summary["vs_teacher"][split], summary["meta_eval"]["challenger"][split],
+                              summary["meta_eval"]["teacher"][split])
+        assert vs["metric"] == metric and vs["pairs"] == judge["all/pointwise_ranking/n"] > 0, vs
+        assert judge[metric] - teacher[metric] == pytest.approx((vs["better"] - vs["worse"]) / vs["pairs"]), vs
     # datasets went under the workdir the job was given, not into the job's temporary copy of the project
     assert (j["work"] / "data" / "iterations" / "000" / "prompts").is_dir()
 
