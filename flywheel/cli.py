@@ -66,7 +66,7 @@ def models_build(config: ConfigOpt = Path("configs/local.yaml"), overrides: Over
 @app.command("run")
 def run(config: ConfigOpt = Path("configs/local.yaml"), overrides: Overrides = None,
         iterations: Annotated[int, typer.Option(help="Iterations to run, each from the last's champions.")] = 1,
-        start: Annotated[int, typer.Option(help="Number of the first iteration.")] = 0,
+        start: Annotated[int, typer.Option(min=0, help="Number of the first iteration.")] = 0,
         resume: Annotated[bool, typer.Option("--resume", show_default=False,
                                              help="Accepted for clarity; always on: a finished iteration is "
                                                   "skipped, an unfinished one resumes from the models it started "
@@ -161,15 +161,15 @@ def report(config: ConfigOpt = Path("configs/local.yaml"), overrides: Overrides 
 
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # a bar per summary read
     cfg = _load(config, overrides)
-    with says_why_it_stopped(console):  # e.g. a tracking server that does not answer
+    with says_why_it_stopped(console, traceback=False):  # e.g. a tracking server that does not answer
         rows = iteration_rows(cfg)
+    if not rows:  # with --json too: an empty answer is not a success
+        error(console, f"no iterations in experiment {cfg.experiment!r} of {cfg.tracking.uri}")
+        raise typer.Exit(1)
     if as_json:
         for r in rows:
             typer.echo(json.dumps(r.to_dict()))
         return
-    if not rows:
-        console.print(f"no iterations in experiment {cfg.experiment!r} of {cfg.tracking.uri}")
-        raise typer.Exit(1)
     cols = [f"{s}/{c}" for s in ("id", "ood") for c in ("ranking", "pairwise", "balanced", "pearson", "claims")]
     # balanced needs probabilities, claims gold with claim checks: shown where some iteration has them
     cols = [c for c in cols if not c.endswith(("/balanced", "/claims")) or any(c in r.judge for r in rows)]
@@ -261,7 +261,8 @@ def _subtask_table(rows, title: str, field: str, cell, num):
 
 @app.command("data")
 def data(config: ConfigOpt = Path("configs/local.yaml"), overrides: Overrides = None,
-         iteration: Annotated[int | None, typer.Option(help="The iteration (default: the latest started).")] = None,
+         iteration: Annotated[int | None, typer.Option(min=0, help="The iteration (default: the latest "
+                                                                    "started).")] = None,
          dataset: Annotated[str | None, typer.Option(help="A dataset to show: a name from the listing (labels, "
                                                           "gold, ...) or a dataset's path or URI.")] = None,
          top: Annotated[int, typer.Option(help="Quarantine reasons shown (most frequent first).")] = 10,
@@ -285,11 +286,16 @@ def data(config: ConfigOpt = Path("configs/local.yaml"), overrides: Overrides = 
 def _show_data(cfg, iteration: int | None, dataset: str | None, top: int, rows: int, as_json: bool) -> None:
     import json
 
-    from flywheel import data_view, retention
+    from flywheel import data_view, retention, storage
     from flywheel.datasets import MissingManifest
     from flywheel.iteration import iteration_dir, paths
 
     n = iteration if iteration is not None else data_view.latest_iteration(cfg.storage.uri)
+    if iteration is not None and not storage.exists(iteration_dir(cfg, n)):
+        latest = data_view.latest_iteration(cfg.storage.uri)
+        error(console, f"--iteration {n}: it has not started under {cfg.storage.uri} (" +
+              (f"the latest started is {latest})" if latest is not None else "none has)"))
+        raise typer.Exit(2)
     names = paths(cfg, n) if n is not None else {}
     if dataset is None:
         if n is None:
@@ -311,8 +317,9 @@ def _show_data(cfg, iteration: int | None, dataset: str | None, top: int, rows: 
             error(console, f"--dataset {dataset}: iteration {n}'s was deleted by retention at {when} "
                            f"(storage.keep_iterations, flywheel prune); {iteration_dir(cfg, n)}/{retention.MARKER} "
                            "has its rows and content hash")
-        else:
-            known = f" (names: {', '.join(names)})" if names else ""
+        else:  # with no iteration started, a name is no name: it was read as a path
+            known = (f" (names: {', '.join(names)})" if names else
+                     f" (no iteration has started under {cfg.storage.uri}, so it was read as a path)")
             error(console, f"--dataset {dataset}: {e}{known}")
         raise typer.Exit(2) from None
     if as_json:
@@ -437,3 +444,11 @@ def schedule(config: ConfigOpt = Path("configs/local.yaml"), overrides: Override
 
 if __name__ == "__main__":
     app()
+
+
+def run_as_job(command: str) -> None:
+    """A jobs/ entrypoint (`python jobs/<job>.py ...` under `ray job submit`): one sub-command as the whole
+    program, so its usage line and errors name the script, not `<script> <command>`."""
+    import sys
+
+    typer.main.get_command(app).commands[command].main(sys.argv[1:], prog_name=sys.argv[0])

@@ -32,9 +32,10 @@ def error(console: Console, text: str, style: str = "red") -> None:
 
 
 @contextmanager
-def says_why_it_stopped(console: Console, then: str = "") -> Iterator[None]:
+def says_why_it_stopped(console: Console, then: str = "", traceback: bool = True) -> Iterator[None]:
     """A long command that fails ends with one line saying why (flywheel/failures.py), the traceback logged above
-    it, then `then` (how to go on), and exit code 1."""
+    it, then `then` (how to go on), and exit code 1. traceback=False: a short read-only command, whose failures are
+    the environment's (a tracking server down); the traceback is logged at DEBUG only."""
     try:
         yield
     except (typer.Exit, typer.Abort, KeyboardInterrupt):
@@ -42,7 +43,7 @@ def says_why_it_stopped(console: Console, then: str = "") -> Iterator[None]:
     except Exception as e:
         from flywheel.failures import summary
 
-        logging.getLogger("flywheel").error("stopped", exc_info=True)
+        logging.getLogger("flywheel").log(logging.ERROR if traceback else logging.DEBUG, "stopped", exc_info=True)
         error(console, f"stopped: {summary(e)}")
         if then:
             console.print(then)

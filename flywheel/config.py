@@ -32,9 +32,10 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 class RunConfig(StrictModel):
-    name: str = Field("flywheel", description="Name of this flywheel; also the MLflow experiment name.")
+    name: str = Field("flywheel", min_length=1, description="Name of this flywheel; also the MLflow experiment name.")
+    # not empty: `run.workdir=$WD` with WD unset would put the MLflow store and data/ in the current directory
     workdir: str = Field(
-        "runs/local",
+        "runs/local", min_length=1,
         description="Working directory for models, datasets and the local MLflow store. Relative paths are "
         "resolved against the current directory when the config is loaded.",
     )
@@ -141,6 +142,7 @@ class ZooConfig(StrictModel):
 
 class ModelRef(StrictModel):
     path: str = Field(
+        min_length=1,
         description="A Hugging Face id or a local/shared directory passed to from_pretrained, or `zoo:<name>` "
         "for a tiny checkpoint built by `flywheel models build` (judge, policy, generator)."
     )

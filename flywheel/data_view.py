@@ -123,10 +123,9 @@ def size_bytes(uri: str, m: Manifest) -> int:
 
 
 def _subdirs(uri: str) -> list[str]:
-    try:
-        return [d for d in storage.subdirs(uri) if not d.startswith("_")]  # not finished_batches' records
-    except OSError:
-        return []
+    # an absent directory lists as empty; storage that cannot be read (credentials, a mount) raises, so the
+    # caller says so rather than "no iteration"
+    return [d for d in storage.subdirs(uri) if not d.startswith("_")]  # not finished_batches' records
 
 
 def resolve_name(names: Mapping[str, str], dataset: str) -> str:

@@ -205,7 +205,12 @@ def plan_for(cfg: Config, keep: int | None = None) -> Plan:
     keep = keep or cfg.storage.keep_iterations
     if keep is None:
         raise ValueError("how many finished iterations to keep: storage.keep_iterations is not set")
+    from flywheel import track
+
     p = plan(cfg.storage.uri, keep, {role: getattr(cfg.train.registry, role) for role in POOLED_ROLES})
+    db = track.sqlite_file(cfg.tracking.uri)
+    if not p.kept and not p.pruned and db is not None and not db.exists():
+        return p  # never run here: asking MLflow would create an empty tracking database in the workdir
     trained = retention_models.trainings(cfg, {n: p.records.get(n) for n in {*p.kept, *p.pruned}})
     ran_by_kept = {name for n in p.kept for name in trained[n]}
     mine = {n: {run_id for ids in trained[n].values() for run_id in ids} for n in p.pruned}
@@ -239,6 +244,8 @@ def prune(cfg: Config, keep: int | None = None) -> Plan:
     with workdir_lock.holding(cfg.run.workdir, "retention"):
         p = plan_for(cfg, keep)
         apply(p, cfg)
+    if not p.pruned:
+        return p
     client = track.client(cfg)
     for n, gone in p.pruned.items():
         record = p.records.get(n)

@@ -6,9 +6,7 @@ The data is read where the job runs: give a storage URI (s3://...), an absolute 
 inside the uploaded working directory.
 """
 
-import sys
-
-from flywheel.cli import app
+from flywheel.cli import run_as_job
 
 if __name__ == "__main__":
-    app(["eval", *sys.argv[1:]])
+    run_as_job("eval")

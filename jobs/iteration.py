@@ -4,9 +4,7 @@ Runs whole flywheel iterations (flywheel/iteration.py); re-submitting after a fa
 work whose output already exists with the same config and inputs.
 """
 
-import sys
-
-from flywheel.cli import app
+from flywheel.cli import run_as_job
 
 if __name__ == "__main__":
-    app(["run", *sys.argv[1:]])
+    run_as_job("run")

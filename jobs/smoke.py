@@ -3,7 +3,7 @@
 Builds the tiny models (when the config uses zoo: checkpoints) and runs each engine once, logged to MLflow.
 """
 
-from flywheel.cli import app
+from flywheel.cli import run_as_job
 
 if __name__ == "__main__":
-    app(["smoke", *__import__("sys").argv[1:]])
+    run_as_job("smoke")

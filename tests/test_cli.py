@@ -42,6 +42,25 @@ def test_run_refuses_no_iterations_before_touching_the_workdir(tmp_path):
     assert not (tmp_path / "w").exists()
 
 
+def test_run_refuses_a_negative_first_iteration(tmp_path):
+    r = runner.invoke(app, ["run", "--start", "-1", f"run.workdir={tmp_path}/w"])
+    assert r.exit_code == 2 and "'--start'" in r.output and not (tmp_path / "w").exists(), r.output
+
+
+@pytest.mark.parametrize("job", ["iteration", "eval", "smoke", "serve"])
+def test_a_jobs_usage_names_its_script(job):
+    import subprocess
+    import sys
+
+    from flywheel.config import REPO_ROOT
+
+    out = subprocess.run([sys.executable, f"jobs/{job}.py", "--help"], cwd=REPO_ROOT, capture_output=True,
+                         text=True, timeout=120, env={"COLUMNS": "200", "PATH": ""})
+    assert out.returncode == 0, out.stderr
+    usage = next(line for line in out.stdout.splitlines() if "Usage:" in line)
+    assert usage.split()[1] in (f"jobs/{job}.py", f"{job}.py") and usage.split()[2] == "[OPTIONS]", usage
+
+
 def test_serve_detach_refuses_the_address_an_embedded_ray_left_behind(monkeypatch, tmp_path):
     """A process started by one that ran an embedded Ray inherits its RAY_ADDRESS (raycluster.EMBEDDED_ENV marks
     it): that is no cluster to leave the app on, so --detach is refused before any Ray starts."""

@@ -99,6 +99,10 @@ def test_bad_override_is_blamed_not_the_file():
         load_config(None, ["faults.caption_share=0.1"])
     assert "override 'faults.caption_share=0.1': unknown key 'faults'" in str(e.value)
     assert "local.yaml" not in str(e.value)
+    # an empty value (`run.workdir=$WD` with WD unset) is refused, not taken as the current directory
+    for key in ("run.workdir", "run.name", "models.judge.path"):
+        with pytest.raises(ConfigError, match=f"override '{key}=': '{key}': String should have at least 1"):
+            load_config(None, [f"{key}="])
 
 
 def test_expected_rating_readout_needs_the_ratings_logprobs():

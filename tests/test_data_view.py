@@ -64,6 +64,10 @@ def test_flywheel_data_lists_an_iterations_datasets_and_shows_one(tmp_path):
     runner, wd = CliRunner(), f"run.workdir={tmp_path}/wd"
     r = runner.invoke(app, ["data", wd])
     assert r.exit_code == 2 and "no iteration has started" in r.output, r.output
+    r = runner.invoke(app, ["data", wd, "--dataset", "labels"])  # no iteration: the name is read as a path
+    assert r.exit_code == 2 and "no iteration has started under" in r.output and "read as a path" in r.output
+    r = runner.invoke(app, ["data", wd, "--iteration", "5"])
+    assert r.exit_code == 2 and "--iteration 5: it has not started" in r.output and "none has" in r.output
     cfg = load_config(None, [wd])
     _refused(paths(cfg, 0)["labels"])
     write_dataset(paths(cfg, 0)["curated"] + "/sft", "prompt", [_prompt()] * 2, config_hash="c", producer="curate")
@@ -83,6 +87,8 @@ def test_flywheel_data_lists_an_iterations_datasets_and_shows_one(tmp_path):
     assert listed["labels"]["uri"] == str(labels) and listed["candidates"] is None and "curated/sft" in listed
     r = runner.invoke(app, ["data", wd])  # the latest iteration
     assert r.exit_code == 0 and "iteration 1" in r.output, r.output
+    r = runner.invoke(app, ["data", wd, "--iteration", "3"])
+    assert r.exit_code == 2 and "the latest started is 1" in r.output, r.output
     r = runner.invoke(app, ["data", wd, "--iteration", "0", "--dataset", "labels", "--top", "1"])
     assert r.exit_code == 0, r.output
     assert "1 prompt rows, 8 quarantined" in r.output and "5 sample 0: HTTP 400" in r.output
@@ -128,3 +134,11 @@ def test_flywheel_data_names_a_damaged_dataset_instead_of_a_traceback(tmp_path):
     (tmp_path / "d" / m.files[0]).write_bytes(b"not parquet")
     r = CliRunner().invoke(app, ["data", f"run.workdir={tmp_path}/wd", "--dataset", m.path, "--rows", "1"])
     assert r.exit_code == 2 and "is not readable Parquet" in r.output and "Traceback" not in r.output, r.output
+
+
+def test_flywheel_data_says_storage_it_cannot_read_rather_than_no_iteration(tmp_path):
+    (tmp_path / "wd" / "data").mkdir(parents=True)
+    (tmp_path / "wd" / "data" / "iterations").write_text("")  # not a directory: listing it fails
+    r = CliRunner().invoke(app, ["data", f"run.workdir={tmp_path}/wd"])
+    assert r.exit_code == 2 and f"cannot read {tmp_path}/wd/data" in r.output, r.output
+    assert "no iteration" not in r.output

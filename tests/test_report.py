@@ -2,6 +2,7 @@
 its teacher, the policies before and after, promotions and time; a killed iteration shows its status alone."""
 
 import json
+import logging
 import math
 
 import mlflow
@@ -135,14 +136,18 @@ def test_cli_prints_a_table_and_json_lines(workdir):
 def test_an_empty_store_says_so_and_fails(tmp_path):
     out = CliRunner().invoke(app, ["report", f"run.workdir={tmp_path}", "run.name=nothing-here"])
     assert out.exit_code == 1 and "no iterations" in out.output
+    out = CliRunner().invoke(app, ["report", "--json", f"run.workdir={tmp_path}", "run.name=nothing-here"])
+    assert out.exit_code == 1 and "no iterations" in out.output
     assert not (tmp_path / "mlflow.db").exists()  # reading a workdir never run does not create its store
 
 
-def test_a_tracking_server_that_does_not_answer_is_named_in_one_line(tmp_path):
+def test_a_tracking_server_that_does_not_answer_is_named_in_one_line(tmp_path, caplog):
     out = CliRunner().invoke(app, ["report", f"run.workdir={tmp_path}", "tracking.uri=http://127.0.0.1:1"])
     assert out.exit_code == 1
     assert "stopped: ConnectionError: the MLflow tracking server http://127.0.0.1:1 (tracking.uri) does not answer" \
         in out.output
+    # a read-only command's environment failure: the one line, its traceback only at DEBUG
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR and r.exc_info]
 
 
 def test_a_summary_without_downstream_or_teacher_gives_what_it_has():

@@ -162,6 +162,14 @@ def test_an_unreadable_manifest_stops_the_prune_before_anything_goes(store):
     assert _exists(cfg, 2, "prompts")
 
 
+def test_pruning_a_workdir_never_run_deletes_nothing_and_makes_no_tracking_store(tmp_path):
+    over = [f"run.workdir={tmp_path}/wd"]
+    for args in (["--keep", "1"], ["--keep", "1", "--yes"], ["--keep", "1", "--json"]):
+        r = CliRunner().invoke(app, ["prune", *args, *over])
+        assert r.exit_code == 0 and "0 datasets" in r.output or json.loads(r.output)["pruned"] == {}, r.output
+    assert not (tmp_path / "wd" / "mlflow.db").exists()  # asking MLflow would have created it
+
+
 @pytest.mark.parametrize("store", ["local", "s3", "gcs"], indirect=True)
 def test_prune_command_shows_the_plan_then_deletes_and_data_and_mlflow_say_so(store):
     cfg, runs = store

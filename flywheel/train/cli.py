@@ -29,7 +29,7 @@ RegisterOpt = Annotated[bool, typer.Option("--register/--no-register", help="Reg
 MethodOpt = Annotated[str | None, typer.Option(
     "--method", help="Update method of judge-dpo / policy-dpo (dpo | dpo_sft | bon_sft) or diffusion-dpo "
     "(dpo | bon_sft); default: the first of train.<training>.methods.")]
-Overrides = Annotated[list[str] | None, typer.Argument(help="Dotted overrides, e.g. train.judge_sft.max_steps=20")]
+Overrides = Annotated[list[str] | None, typer.Argument(help="Dotted overrides, e.g. train.max_steps=20")]
 
 
 def _run(training: str, config: Path, data: str, base: str | None, iteration: int, fresh: bool, register: bool,
@@ -67,8 +67,15 @@ def _command(training: str, doc: str):
     def command(data: DataOpt, config: ConfigOpt = Path("configs/local.yaml"), base: BaseOpt = None,
                 iteration: IterOpt = 0, fresh: FreshOpt = False, run_name: RunNameOpt = None,
                 register: RegisterOpt = True, method: MethodOpt = None, overrides: Overrides = None) -> None:
-        _run(training, config, data, base, iteration, fresh, register, run_name, overrides,
-             None if training == "judge-sft" else method)
+        if training == "judge-sft" and method is not None:  # one method: refused rather than ignored
+            from rich.console import Console
+
+            from flywheel.clitools import error
+
+            error(Console(), f"--method {method}: judge-sft has one method (SFT); --method is for judge-dpo, "
+                             "policy-dpo and diffusion-dpo")
+            raise typer.Exit(2)
+        _run(training, config, data, base, iteration, fresh, register, run_name, overrides, method)
 
     command.__doc__ = doc
     train_app.command(training)(command)

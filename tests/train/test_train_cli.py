@@ -20,3 +20,9 @@ def test_train_app_mounts_with_four_commands():
 def test_bad_override_exits_2_naming_the_key(tmp_path):
     out = CliRunner().invoke(train_app, ["judge-sft", "--data", str(tmp_path), "train.judge_sft.lr=fast"])
     assert out.exit_code == 2 and "train.judge_sft.lr" in out.output
+
+
+def test_judge_sft_refuses_a_method_rather_than_ignoring_it(tmp_path):
+    r = CliRunner().invoke(train_app, ["judge-sft", "--data", str(tmp_path / "x"), "--method", "dpo",
+                                       f"run.workdir={tmp_path}/w"])
+    assert r.exit_code == 2 and "--method dpo: judge-sft has one method" in r.output, r.output
