@@ -11,7 +11,7 @@ import typer
 from rich.console import Console
 from rich.logging import RichHandler
 
-from flywheel.clitools import error, load_or_exit, says_why_it_stopped
+from flywheel.clitools import ConfigOpt, error, load_or_exit, says_why_it_stopped
 from flywheel.serve.cli import serve_command
 from flywheel.train.cli import train_app
 
@@ -26,7 +26,6 @@ app.command("serve")(serve_command)
 # Logs of a job (a file, `ray job logs`) would wrap at 80 columns and split paths; use a wide line there.
 console = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 160)
 
-ConfigOpt = Annotated[Path, typer.Option("--config", "-c", help="A YAML config under configs/.")]
 Overrides = Annotated[list[str] | None, typer.Argument(help="Dotted overrides, e.g. judge.engine=vllm train.lr=1e-5")]
 
 

@@ -6,11 +6,16 @@ import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Annotated
 
 import typer
 from rich.console import Console
 
 from flywheel.config import REPO_ROOT, Config, ConfigError, load_config
+
+# every sub-command's --config (a path from the current directory, like any file argument)
+ConfigOpt = Annotated[Path, typer.Option("--config", "-c", help="A YAML config file (the project's are in "
+                                        "configs/), relative to the current directory.")]
 
 
 def load_or_exit(config: Path, overrides: list[str] | None, console: Console) -> Config:

@@ -13,13 +13,14 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from flywheel.clitools import ConfigOpt
+
 if TYPE_CHECKING:
     from rich.console import Console
 
     from flywheel.config import Config
     from flywheel.serve.model import ServedModel
 
-ConfigOpt = Annotated[Path, typer.Option("--config", "-c", help="A YAML config under configs/.")]
 Overrides = Annotated[list[str] | None, typer.Argument(help="Dotted overrides, e.g. serve.port=8001 "
                                                             "serve.model=models:/judge@champion")]
 DetachOpt = Annotated[bool | None, typer.Option(

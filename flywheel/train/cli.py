@@ -8,10 +8,11 @@ from typing import Annotated
 
 import typer
 
+from flywheel.clitools import ConfigOpt
+
 train_app = typer.Typer(help="Train the judge (SFT, DPO) and the policies (LLaVA DPO, SDXL Diffusion-DPO) "
                         "through Ray Train; results are registered in MLflow.", no_args_is_help=True)
 
-ConfigOpt = Annotated[Path, typer.Option("--config", "-c", help="A YAML config under configs/.")]
 DataOpt = Annotated[str, typer.Option("--data", "-d", help="URI of the training dataset (record kind sft for "
                                       "judge-sft, dpo for judge-dpo/policy-dpo, image_pref for diffusion-dpo).")]
 BaseOpt = Annotated[str | None, typer.Option(
