@@ -26,7 +26,8 @@ app.command("serve")(serve_command)
 # Logs of a job (a file, `ray job logs`) would wrap at 80 columns and split paths; use a wide line there.
 console = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 160)
 
-Overrides = Annotated[list[str] | None, typer.Argument(help="Dotted overrides, e.g. judge.engine=vllm train.lr=1e-5")]
+Overrides = Annotated[list[str] | None, typer.Argument(help="Dotted overrides, e.g. judge.engine=vllm train.lr=1e-5; "
+                                                      "a {key: value} value replaces that mapping whole.")]
 
 
 def _setup_logging() -> None:
