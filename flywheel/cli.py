@@ -49,8 +49,11 @@ def config_show(config: ConfigOpt = Path("configs/local.yaml"), overrides: Overr
 @models_app.command("build")
 def models_build(config: ConfigOpt = Path("configs/local.yaml"), overrides: Overrides = None,
                  force: Annotated[bool, typer.Option(help="Rebuild even if cached.")] = False) -> None:
-    """Build the tiny random-initialised checkpoints, then the oracle world's base policies the config uses
-    (`world:judge`, `world:policy`, `world:generator`: trained from the zoo in minutes). Everything is cached."""
+    """Build the tiny checkpoints and the oracle world's base models the config uses; cached.
+
+    The tiny random-initialised checkpoints (`zoo:*`), then the base models trained from them (`world:judge`,
+    `world:policy`, `world:generator`): 1-2.5 hours on 2 CPU cores, once; a killed build goes on from its last
+    save."""
     _setup_logging()
     from flywheel.models.zoo import build_world, build_zoo
 
@@ -150,8 +153,10 @@ def eval_judge(data: Annotated[str, typer.Option(help="Labeled JSONL (format: fl
 def report(config: ConfigOpt = Path("configs/local.yaml"), overrides: Overrides = None,
            as_json: Annotated[bool, typer.Option("--json", help="One JSON object per iteration instead.")] = False
            ) -> None:
-    """The flywheel's progress across iterations, from MLflow: the judge vs gold beside its noisy teacher, the
-    policies before and after their updates, promotions and wall time."""
+    """The flywheel's progress across iterations, from MLflow.
+
+    The judge vs gold beside its noisy teacher (and against it pair by pair), the policies before and after their
+    updates, promotions and wall time."""
     import json
     import os
 
@@ -268,7 +273,9 @@ def data(config: ConfigOpt = Path("configs/local.yaml"), overrides: Overrides = 
          top: Annotated[int, typer.Option(help="Quarantine reasons shown (most frequent first).")] = 10,
          rows: Annotated[int, typer.Option(help="Also show the dataset's first rows (images as their size).")] = 0,
          as_json: Annotated[bool, typer.Option("--json", help="JSON instead of tables.")] = False) -> None:
-    """The datasets of an iteration (rows, quarantined, producer), or one dataset's manifest and why its
+    """The datasets of an iteration, or one dataset's manifest and quarantined rows.
+
+    The listing gives each dataset's rows, quarantined rows and producer; one dataset, its manifest and why its
     quarantined rows were refused, grouped, with an example of each."""
     from flywheel.datasets import ManifestMismatch
 
@@ -334,7 +341,9 @@ def prune(config: ConfigOpt = Path("configs/local.yaml"), overrides: Overrides =
                                                                "(default: storage.keep_iterations).")] = None,
           yes: Annotated[bool, typer.Option("--yes", help="Delete; without it, only show what would go.")] = False,
           as_json: Annotated[bool, typer.Option("--json", help="JSON instead of a table.")] = False) -> None:
-    """Delete the datasets of old finished iterations that nothing reads any more: not those a kept dataset was
+    """Delete what old finished iterations left and nothing reads any more (a dry run without --yes).
+
+    The datasets of old finished iterations that nothing reads any more: not those a kept dataset was
     made from, nor the preference data a pool may still read (flywheel/retention.py); and the checkpoints of the
     trainings they registered, with this node's local copies of the versions they registered that nothing kept uses
     and, with storage.prune_model_versions, those versions themselves. Records and MLflow runs stay."""
