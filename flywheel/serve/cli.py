@@ -31,7 +31,9 @@ DetachOpt = Annotated[bool | None, typer.Option(
 
 def serve_command(config: ConfigOpt = Path("configs/local.yaml"), overrides: Overrides = None,
                   detach: DetachOpt = None) -> None:
-    """Serve the judge model (Ray Serve): judging routes, OpenAI-compatible chat completions, /healthz."""
+    """Serve the judge model (Ray Serve): judging routes, OpenAI-compatible chat completions, /healthz.
+
+    On serve.host:serve.port (default 127.0.0.1:8000), the model serve.model names (default: models.judge)."""
     import logging
     import signal
     import threading
