@@ -414,7 +414,7 @@ def schedule(config: ConfigOpt = Path("configs/local.yaml"), overrides: Override
              working_dir: Annotated[Path, typer.Option(help="Uploaded with every job (the project; .gitignore "
                                                             "and .rayignore apply).")] = Path("."),
              decision_log: Annotated[Path | None, typer.Option(help="JSON-lines decision log; default "
-                                                                   "<run.workdir>/schedule/decisions.jsonl.")] = None,
+                                                                   "decisions.jsonl in <run.workdir>/schedule.")] = None,
              poll: Annotated[float, typer.Option(help="Seconds between status polls while waiting for the last "
                                                       "run (--max-runs).")] = 30.0) -> None:
     """Submit flywheel iterations to a Ray cluster on a schedule: one at a time, a failed one resumed first."""
