@@ -451,13 +451,13 @@ def schedule(config: ConfigOpt = Path("configs/local.yaml"), overrides: Override
     raise typer.Exit(code)
 
 
-if __name__ == "__main__":
-    app()
-
-
 def run_as_job(command: str) -> None:
     """A jobs/ entrypoint (`python jobs/<job>.py ...` under `ray job submit`): one sub-command as the whole
     program, so its usage line and errors name the script, not `<script> <command>`."""
     import sys
 
     typer.main.get_command(app).commands[command].main(sys.argv[1:], prog_name=sys.argv[0])
+
+
+if __name__ == "__main__":
+    app()

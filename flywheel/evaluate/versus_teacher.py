@@ -45,4 +45,3 @@ def versus_teacher(cfg: Config, gold_uri: str, judge_uri: str, teacher_uri: str,
         out[split] = {"metric": name, "pairs": len(judge.keys() & teacher.keys()), "better": better, "worse": worse,
                       "p": p}
     return out
-
