@@ -151,7 +151,8 @@ def eval_judge(data: Annotated[str, typer.Option(help="Labeled JSONL (format: fl
 
 @app.command("report")
 def report(config: ConfigOpt = Path("configs/local.yaml"), overrides: Overrides = None,
-           as_json: Annotated[bool, typer.Option("--json", help="One JSON object per iteration instead.")] = False
+           as_json: Annotated[bool, typer.Option("--json", help="One JSON object per iteration (all of them).")] = False,
+           last: Annotated[int, typer.Option(min=1, help="Show the latest N iterations, a column each.")] = 6,
            ) -> None:
     """The flywheel's progress across iterations, from MLflow.
 
@@ -160,9 +161,8 @@ def report(config: ConfigOpt = Path("configs/local.yaml"), overrides: Overrides 
     import json
     import os
 
-    from rich.table import Table
-
-    from flywheel.report import SPLITS, iteration_rows
+    from flywheel.report import iteration_rows
+    from flywheel.report_view import print_report
 
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # a bar per summary read
     cfg = _load(config, overrides)
@@ -175,93 +175,8 @@ def report(config: ConfigOpt = Path("configs/local.yaml"), overrides: Overrides 
         for r in rows:
             typer.echo(json.dumps(r.to_dict()))
         return
-    cols = [f"{s}/{c}" for s in ("id", "ood") for c in ("ranking", "pairwise", "balanced", "pearson", "claims")]
-    # balanced needs probabilities, claims gold with claim checks: shown where some iteration has them
-    cols = [c for c in cols if not c.endswith(("/balanced", "/claims")) or any(c in r.judge for r in rows)]
-    t = Table(title=f"{cfg.experiment}: the judge vs gold, the policies before → after (oracle)")
-    for name in ["iteration", "status", *cols, "LLaVA accuracy", "SDXL score10", "promoted", "seconds"]:
-        t.add_column(name, justify="left" if name in ("status", "promoted") else "right")
-
-    def num(v: float | None) -> str:
-        return "—" if v is None or v != v else f"{v:.3f}"
-
-    def judged(r, c: str) -> str:  # with the larger side of its interval: "0.738±0.06"
-        lo, hi = r.judge_interval.get(c, (None, None))
-        v = r.judge.get(c)
-        return num(v) if lo is None or v is None else f"{num(v)}±{max(v - lo, hi - v):.2f}"
-
-    def move(role: str, r) -> str:
-        d = r.downstream.get(role)
-        if d:
-            return f"{num(d['before'])} → {num(d['after'])}"
-        if role in r.waiting:  # its update waits for more pooled pairs
-            return "pairs {}/{}".format(*r.waiting[role])
-        # an update its training refused is never evaluated downstream
-        return "refused" if r.outcome.get(getattr(cfg.train.registry, role)) == "refused" else "—"
-
-    for r in rows:
-        promoted = ", ".join(m for m, o in r.outcome.items() if o == "promoted") or ("none" if r.outcome else "—")
-        t.add_row(str(r.iteration), r.status, *(judged(r, c) for c in cols), move("policy", r),
-                  move("generator", r), promoted,
-                  "—" if r.seconds != r.seconds else f"{r.seconds:.0f}" + ("*" if r.busy else ""))
-    teacher = next((r.teacher for r in reversed(rows) if r.teacher), None)
-    if teacher:  # judged once on the shared gold set: the bar the judge aims at
-        t.add_row("teacher", "(noisy)", *(num(teacher.get(c)) for c in cols), end_section=True)
-    console.print(t)
-    if any(r.subtasks for r in rows):
-        console.print(_subtask_table(rows, "the judge's ranking accuracy per sub-task (gold pairs ordered by its "
-                                     "ratings)", "subtasks", lambda r, k: num(r.subtasks.get(k)), num))
-    if any(r.subtask_pairwise for r in rows):
-        console.print(_subtask_table(rows, "the judge's pairwise accuracy per sub-task (right in both orders; in "
-                                     "brackets, the share of its verdicts that flip when the order is swapped)",
-                                     "subtask_pairwise", lambda r, k: _with_bias(r, k, num), num))
-    for r in rows:
-        if r.busy:
-            console.print(f"* iteration {r.iteration}: {r.busy}")
-        if r.problem:
-            console.print(f"[yellow]iteration {r.iteration} (MLflow run {r.run_id}): {r.problem}[/yellow]")
-    if versus := [r for r in rows if r.vs_teacher]:
-        metric = next(iter(versus[-1].vs_teacher.values()))["metric"]
-        console.print(f"The judge vs its noisy teacher, gold pair by gold pair ({metric}): pairs only the judge "
-                      "gets right / only the teacher does, and McNemar's one-sided p that the judge is the better "
-                      "(above its teacher beyond chance when p < 0.05):")
-        for r in versus:
-            console.print(f"  iteration {r.iteration}: " + ", ".join(
-                f"{split} {_versus(d)}" for split, d in r.vs_teacher.items() if split in SPLITS.values()))
-    if any(r.judge_interval for r in rows):
-        console.print("±: the larger side of the accuracy's 95% Wilson interval over the gold pairs it counts "
-                      "(--json has the intervals): judges that differ by less may differ by chance.")
-    console.print("Each iteration's whole summary: its MLflow run's description and summary/summary.json.")
-
-
-def _versus(d: dict) -> str:
-    """The judge against its teacher on one split: "15/13 p=0.35" (pairs only the judge / only the teacher
-    gets right, McNemar's one-sided p)."""
-    if "unavailable" in d:
-        return "not compared"
-    return f"{d['better']}/{d['worse']} p={d['p']:.2g}" if d["pairs"] else "no shared pairs"
-
-
-def _with_bias(row, key: str, num) -> str:
-    bias = row.subtask_position_bias.get(key)
-    return num(row.subtask_pairwise.get(key)) + ("" if bias is None or bias != bias else f" ({bias:.2f})")
-
-
-def _subtask_table(rows, title: str, field: str, cell, num):
-    """The sub-tasks of each row's `field` (rows) by iteration (columns), the teacher's `teacher_<field>` last;
-    cell(row, key) -> the text of one cell."""
-    from rich.table import Table
-
-    keys = sorted({k for r in rows for k in getattr(r, field)}, key=lambda k: (not k.startswith("id/"), k))
-    t = Table(title=title)
-    t.add_column("sub-task")
-    for r in rows:
-        t.add_column(str(r.iteration), justify="right")
-    teacher = next((getattr(r, f"teacher_{field}") for r in reversed(rows) if getattr(r, f"teacher_{field}")), {})
-    t.add_column("teacher", justify="right")
-    for k in keys:
-        t.add_row(k, *(cell(r, k) for r in rows), num(teacher.get(k)))
-    return t
+    registry = {role: getattr(cfg.train.registry, role) for role in ("policy", "generator")}
+    print_report(console, rows[-last:], cfg.experiment, registry, shown_of=len(rows))
 
 
 @app.command("data")

@@ -103,34 +103,50 @@ def test_cli_prints_a_table_and_json_lines(workdir):
     out = CliRunner().invoke(app, args, terminal_width=250)
     assert out.exit_code == 0, out.output
     ranking, pairwise = out.output.split("pairwise accuracy per sub-task")
-    lines = {line.split()[1]: line for line in ranking.splitlines() if line[:1] == "│" and len(line.split()) > 2}
+    # a measure per row, an iteration per column (0, 1, 2) and the teacher's last
+    table = {line.split("│")[1].strip(): [c.strip() for c in line.split("│")[2:-1]]
+             for line in ranking.splitlines() if line[:1] == "│"}
     # 73 of 100 gold pairs: Wilson's 95% interval is [0.636, 0.807], shown by its larger side
-    assert "0.730±0.09" in lines["1"] and "0.830" in lines["1"] and "0.430 → 0.480" in lines["1"]
+    assert table["id ranking"] == ["0.630±0.10", "0.730±0.09", "—", "0.950"]
+    assert table["ood ranking"][1] == "0.830" and table["LLaVA accuracy"][1] == "0.430 → 0.480"
+    assert table["status"] == ["FINISHED", "FINISHED", "FINISHED", "(noisy)"]
     assert "Wilson interval" in out.output
-    assert "4.400 → 4.380" in lines["1"] and "judge" in lines["1"] and "302" in lines["1"]
-    assert "0.950" in lines["teacher"] and "Downloading" not in out.output
+    assert table["SDXL score10"][1] == "4.400 → 4.380" and table["promoted"][:2] == ["judge", "judge"]
+    assert "Downloading" not in out.output
     # the judge against its teacher pair by pair: iteration 1's counts, none recorded in iteration 0's summary
+    assert table["id vs teacher"] == ["—", "15/13 p=0.42", "—", ""]
+    assert table["ood vs teacher"][1] == "not compared"
     text = " ".join(out.output.split())
-    assert "The judge vs its noisy teacher, gold pair by gold pair (all/pointwise_ranking/accuracy)" in text
-    assert "iteration 1: id-test 15/13 p=0.42, ood-test not compared" in text and "iteration 0: id-test" not in text
-    assert lines["0"].count("refused") == 1  # the LLaVA's; the SDXL made no decision in iteration 0 ...
-    assert "pairs 80/300" in lines["0"]  # ... its update waits for more pooled pairs
-    assert "302*" in lines["0"] and "302*" not in lines["1"]  # iteration 0's times were taken on a busy machine
+    assert "the judge against its noisy teacher gold pair by gold pair (all/pointwise_ranking/accuracy)" in text
+    assert table["LLaVA accuracy"][0] == "refused"  # the LLaVA's training refused its update in iteration 0 ...
+    assert table["SDXL score10"][0] == "pairs 80/300"  # ... the SDXL's waits for more pooled pairs
+    assert table["seconds"] == ["302*", "302", "—", ""]  # iteration 0's times were taken on a busy machine
     assert "* iteration 0: machine busy: load 4.6 on 2 CPUs during judge-sft" in out.output
+    assert "Earlier iterations" not in out.output
     # the sub-task table: a row per sub-task (id first), a column per iteration, the teacher's last
     assert "ranking accuracy per sub-task" in out.output
-    cells = lambda key: [c for c in lines[key].split() if c != "│"][1:]  # noqa: E731
-    assert cells("id/iu_caption") == ["0.430", "0.530", "—", "0.750"]
-    assert cells("ood/ig_relation") == ["0.530", "0.630", "—", "0.850"]
+    assert table["id/iu_caption"] == ["0.430", "0.530", "—", "0.750"]
+    assert table["ood/ig_relation"] == ["0.530", "0.630", "—", "0.850"]
     assert out.output.index("id/iu_count") < out.output.index("ood/ig_relation")
     # then the pairwise protocol's, with the share of verdicts that flip under the swap
     row = next(line for line in pairwise.splitlines() if "id/iu_caption" in line)
     assert [c for c in row.split() if c != "│"][1:] == ["0.100", "(0.85)", "0.100", "(0.85)", "—", "0.100"]
     assert "id/iu_count" not in pairwise  # no pairwise metrics for it
-    lines = CliRunner().invoke(app, [*args, "--json"]).output.splitlines()
-    assert [json.loads(x)["iteration"] for x in lines] == [0, 1, 2]
+    lines = CliRunner().invoke(app, [*args, "--json", "--last", "1"]).output.splitlines()
+    assert [json.loads(x)["iteration"] for x in lines] == [0, 1, 2]  # --json gives every iteration
     # no interval without the pairs' count (the pairwise n is 0, the ood split gives none)
     assert json.loads(lines[1])["judge_interval"] == {"id/ranking": pytest.approx([0.6357, 0.8073], abs=1e-4)}
+
+
+def test_last_shows_the_latest_iterations_and_says_so(workdir):
+    args = ["report", "-c", "configs/local.yaml", f"run.workdir={workdir}", "run.name=report-test", "--last", "2"]
+    out = CliRunner().invoke(app, args)
+    assert out.exit_code == 0, out.output
+    header = next(line for line in out.output.splitlines() if "iteration" in line and line[:1] == "┃")
+    assert [c.strip() for c in header.split("┃")[2:-1]] == ["1", "2", "teacher"]
+    assert "the latest 2 of 3 iterations" in out.output and "Earlier iterations: --last 3" in out.output
+    assert "* iteration 0" not in out.output  # iteration 0's notes go with its column
+    assert CliRunner().invoke(app, [*args[:-1], "0"]).exit_code == 2
 
 
 def test_an_empty_store_says_so_and_fails(tmp_path):
