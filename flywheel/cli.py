@@ -11,7 +11,7 @@ import typer
 from rich.console import Console
 from rich.logging import RichHandler
 
-from flywheel.clitools import ConfigOpt, error, load_or_exit, says_why_it_stopped
+from flywheel.clitools import ConfigOpt, error, load_or_exit, one_line_paragraphs, says_why_it_stopped
 from flywheel.serve.cli import serve_command
 from flywheel.train.cli import train_app
 
@@ -364,6 +364,9 @@ def schedule(config: ConfigOpt = Path("configs/local.yaml"), overrides: Override
         console.print("schedule: stopped (jobs already submitted keep running)")
         code = 0
     raise typer.Exit(code)
+
+
+one_line_paragraphs(app)  # every command is registered by now
 
 
 def run_as_job(command: str) -> None:

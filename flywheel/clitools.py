@@ -53,3 +53,18 @@ def says_why_it_stopped(console: Console, then: str = "", traceback: bool = True
         if then:
             console.print(then)
         raise typer.Exit(1) from None
+
+
+def one_line_paragraphs(app: typer.Typer) -> typer.Typer:
+    """Give each command of `app` (and its sub-apps) its docstring with every paragraph on one line: Typer 0.29's
+    help keeps the line breaks of all but the first paragraph and then wraps at the terminal's width, which broke
+    lines mid-sentence ("... before and after their" / "updates, ...")."""
+    import inspect
+
+    for info in app.registered_commands:
+        if info.help is None and info.callback is not None:
+            doc = inspect.getdoc(info.callback) or ""
+            info.help = "\n\n".join(" ".join(p.split("\n")) for p in doc.split("\n\n"))
+    for group in app.registered_groups:
+        one_line_paragraphs(group.typer_instance)
+    return app

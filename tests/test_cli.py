@@ -1,4 +1,7 @@
+import inspect
+
 import pytest
+import typer
 from tiny_iteration import ZOO_MODELS
 from typer.testing import CliRunner
 
@@ -34,6 +37,18 @@ def test_only_real_commands_exist():
     commands = {c.name for c in app.registered_commands} | {g.name for g in app.registered_groups}
     assert commands == {"run", "eval", "report", "data", "prune", "smoke", "models", "config", "train", "serve", "schedule"}
     assert result.exit_code == 0
+
+
+@pytest.mark.parametrize("command", [["report"], ["prune"], ["data"], ["models", "build"], ["serve"]])
+def test_a_commands_help_breaks_no_line_mid_paragraph(command, monkeypatch):
+    monkeypatch.setattr("typer.rich_utils.MAX_WIDTH", 1000)  # room for each paragraph on one line
+    # Typer keeps a docstring's line breaks after its first paragraph, then wraps them again at the terminal's width
+    doc = inspect.getdoc(typer.main.get_command(app).commands[command[0]].commands[command[1]].callback
+                         if len(command) > 1 else typer.main.get_command(app).commands[command[0]].callback)
+    out = runner.invoke(app, [*command, "--help"], terminal_width=400).output
+    lines = [line.strip() for line in out.splitlines()]
+    for paragraph in doc.split("\n\n")[1:]:
+        assert " ".join(paragraph.split("\n")) in lines, paragraph
 
 
 def test_run_refuses_no_iterations_before_touching_the_workdir(tmp_path):
