@@ -60,6 +60,9 @@ class IterationRow:
     waiting: dict[str, list[int]] = field(default_factory=dict)
     seconds: float = math.nan
     busy: str = ""  # the stages that ran while other work shared the machine (flywheel/stage_clock.py)
+    # a RUNNING iteration's latest stage and when it started ("judge-sft since 2026-12-03 20:58 UTC"): a driver
+    # killed without a word leaves its run RUNNING, and a start long ago shows it
+    at_stage: str = ""
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -159,5 +162,19 @@ def iteration_rows(cfg: Config) -> list[IterationRow]:
             row = row_of(n, run.info.run_id, run.info.status, summary, metrics)
             stopped = run.data.tags.get("flywheel.failure")  # set by a stage that stopped, until a resume
             row.problem = problem or (f"stopped at {stopped}; the same command again resumes it" if stopped else "")
+            if run.info.status == "RUNNING":
+                row.at_stage = _latest_stage(client, exp.experiment_id, run.info.run_id)
             rows.append(row)
     return rows
+
+
+def _latest_stage(client, experiment_id: str, run_id: str) -> str:
+    """The name and start of the iteration's latest stage run: "judge-sft since 2026-12-03 20:58 UTC"."""
+    from datetime import datetime, timezone
+
+    runs = client.search_runs([experiment_id], f"tags.`mlflow.parentRunId` = '{run_id}'",
+                              order_by=["attributes.start_time DESC"], max_results=1)
+    if not runs:
+        return ""
+    start = datetime.fromtimestamp(runs[0].info.start_time / 1000, tz=timezone.utc)
+    return f"{runs[0].data.tags.get('flywheel.stage', runs[0].info.run_name)} since {start:%Y-%m-%d %H:%M} UTC"

@@ -104,6 +104,8 @@ def print_report(console: Console, rows: list[IterationRow], experiment: str, re
                                     "brackets, the share of its verdicts that flip when the order is swapped)",
                                     "subtask_pairwise", _with_bias))
     for r in rows:
+        if r.at_stage:
+            console.print(f"iteration {r.iteration} is at stage {r.at_stage}")
         if r.busy:
             console.print(f"* iteration {r.iteration}: {r.busy}")
         if r.problem:

@@ -4,6 +4,7 @@ its teacher, the policies before and after, promotions and time; a killed iterat
 import json
 import logging
 import math
+import re
 
 import mlflow
 import pytest
@@ -147,6 +148,21 @@ def test_last_shows_the_latest_iterations_and_says_so(workdir):
     assert "the latest 2 of 3 iterations" in out.output and "Earlier iterations: --last 3" in out.output
     assert "* iteration 0" not in out.output  # iteration 0's notes go with its column
     assert CliRunner().invoke(app, [*args[:-1], "0"]).exit_code == 2
+
+
+def test_a_running_iteration_names_its_latest_stage(tmp_path):
+    cfg = load_config(None, [f"run.workdir={tmp_path}", "run.name=report-running"])
+    tracker = Tracker(cfg)
+    with tracker.iteration(0):
+        with tracker.stage("prompts"):
+            pass
+        with tracker.stage("labels"):
+            running = iteration_rows(cfg)[0]
+            out = CliRunner().invoke(app, ["report", f"run.workdir={tmp_path}", "run.name=report-running"])
+    mlflow.set_tracking_uri(None)
+    assert running.status == "RUNNING" and re.fullmatch(r"labels since \d{4}-\d\d-\d\d \d\d:\d\d UTC", running.at_stage)
+    assert f"iteration 0 is at stage {running.at_stage}" in out.output
+    assert iteration_rows(cfg)[0].at_stage == ""  # finished
 
 
 def test_an_empty_store_says_so_and_fails(tmp_path):
