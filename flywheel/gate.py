@@ -120,9 +120,14 @@ def mcnemar(challenger: dict[str, bool], champion: dict[str, bool]) -> tuple[int
     shared = challenger.keys() & champion.keys()  # a pair only one judge was scored on says nothing about both
     b = sum(challenger[k] and not champion[k] for k in shared)
     c = sum(champion[k] and not challenger[k] for k in shared)
+    return b, c, mcnemar_p(b, c)
+
+
+def mcnemar_p(b: int, c: int) -> float:
+    """McNemar's exact one-sided p of b discordant pairs for the first judge against c for the second."""
     if b + c == 0:  # the judges agree on every pair: no evidence either way
-        return b, c, 1.0
-    return b, c, float(stats.binomtest(b, b + c, 0.5, alternative="greater").pvalue)
+        return 1.0
+    return float(stats.binomtest(b, b + c, 0.5, alternative="greater").pvalue)
 
 
 def wilcoxon(challenger: list[float], champion: list[float]) -> tuple[int, int, float]:
@@ -360,8 +365,12 @@ def continue_lineage(cfg: Config, d: Decision, meta_eval: MetaEval | None, alpha
         try:
             if d.champion is None or not d.champion.startswith(registry.REGISTRY_PREFIX):
                 raise Untestable(f"the champion {d.champion} is not a registered judge with a meta-eval")
-            champ = _outcomes(cfg, "champion", recorded_meta_eval(cfg, d.champion), d.metric, d.champion_value)
-            b, c, p = mcnemar(champ, _outcomes(cfg, "challenger", meta_eval, d.metric, d.challenger_value))
+            if d.test == "McNemar":  # the gate tested these two on their gold pairs: the other tail of its counts
+                b, c = d.worse, d.better
+                p = mcnemar_p(b, c)
+            else:
+                champ = _outcomes(cfg, "champion", recorded_meta_eval(cfg, d.champion), d.metric, d.champion_value)
+                b, c, p = mcnemar(champ, _outcomes(cfg, "challenger", meta_eval, d.metric, d.challenger_value))
         except Untestable as e:
             start, reason = d.champion, f"cannot test the challenger against the champion ({e}): the champion"
         else:

@@ -344,6 +344,26 @@ def test_a_significantly_worse_challenger_is_dropped_from_the_lineage(cfg, gold,
     assert _start(cfg, "within_noise") == v1
 
 
+def test_the_lineage_reuses_the_gates_paired_test_of_the_same_two_judges(cfg, gold, tmp_path, monkeypatch):
+    """A challenger past the margin but refused by McNemar: the lineage reads the gate's counts the other way
+    round instead of recomputing both judges' outcomes from storage."""
+    from flywheel.evaluate import meta
+
+    uri, ids = gold
+    mine, theirs = _outcomes(ids, both=120, only_challenger=17, only_champion=11)  # better, not significantly
+    where1, value1 = _meta_eval(tmp_path, "me-1", uri, theirs)
+    v1 = _version(cfg)
+    assert _judge_gate(cfg, v1, value1, where1, alpha=None, baseline=("world:judge", 0.0, None)).promoted
+    where2, value2 = _meta_eval(tmp_path, "me-2", uri, mine)
+    v2 = _version(cfg)
+    d = _judge_gate(cfg, v2, value2, where2)
+    assert not d.promoted and (d.test, d.better, d.worse) == ("McNemar", 17, 11)
+    monkeypatch.setattr(meta, "stored_outcomes", lambda *a: pytest.fail("outcomes read again"))
+    nxt = gate.continue_lineage(cfg, d, where2, 0.05)
+    p = stats.binomtest(11, 28, 0.5, alternative="greater").pvalue
+    assert nxt["start"] == v2 and f"b=11 challenger-only c=17 p={p:.2g} ≥ alpha 0.05: within noise" in nxt["reason"]
+
+
 def test_a_promoted_challenger_heads_the_lineage_and_a_broken_one_does_not(cfg, gold, tmp_path):
     v1, v2, d, where2 = _champion_and_challenger(cfg, gold, tmp_path, only_challenger=30, only_champion=2)
     assert d.promoted
