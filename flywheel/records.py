@@ -443,7 +443,7 @@ def to_rows(data: Any) -> list:
         lengths = {k: len(v) for k, v in data.items()}
         if len(set(lengths.values())) > 1:
             raise ValueError(f"batch columns have different lengths: {lengths}")
-        return [dict(zip(data, vals)) for vals in zip(*data.values())]
+        return [dict(zip(data, vals, strict=True)) for vals in zip(*data.values(), strict=True)]
     return list(data)
 
 

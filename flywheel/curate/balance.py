@@ -86,7 +86,7 @@ def _rng(seed: int, name: str, stratum, bucket) -> random.Random:
 
 def _counts_to_rows(rows: list[dict], counts: list[int]) -> list[dict]:
     out = []
-    for r, c in zip(rows, counts):
+    for r, c in zip(rows, counts, strict=True):
         out += ([r] + [dict(r) for _ in range(c - 1)]) if c else []
     return out
 

@@ -73,9 +73,9 @@ def dedup_prompts(prompts: Iterable[dict], cfg: DedupConfig | None = None) -> tu
         ids = [r.get("prompt_id") or make_id("prompt", r) for r in rows]
         best: dict[tuple, str] = {}
         keys = [prompt_key(r, cfg.image_hash) for r in rows]
-        for k, pid in zip(keys, ids):
+        for k, pid in zip(keys, ids, strict=True):
             best[k] = min(best.get(k, pid), pid)
-        kept = [r for r, k, pid in zip(rows, keys, ids) if best[k] == pid]
+        kept = [r for r, k, pid in zip(rows, keys, ids, strict=True) if best[k] == pid]
         dropped["near_duplicate"] += len(rows) - len(kept)
         rows = kept
     return rows, make_report("dedup_prompts", rep.rows_in, len(rows), dropped)

@@ -102,7 +102,7 @@ def swap_consistency(rows: Iterable[dict]) -> tuple[list[dict], FilterReport]:
             stats["items_out"] += 1
             for i in members:
                 keep[i] = True
-    out = [r for r, k in zip(rows, keep) if k]
+    out = [r for r, k in zip(rows, keep, strict=True) if k]
     return out, make_report("swap_consistency", len(rows), len(out), dropped, stats)
 
 

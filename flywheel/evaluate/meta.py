@@ -128,7 +128,7 @@ class MetaEvalCore:
                     req = claim_split.build(text, style=self.style)
                     req.context = make_context("claims", self.prompts[g["prompt_id"]], step="split", text=text)
                     asked[(g["prompt_id"], text)] = req
-        results = dict(zip(asked, self.engine.generate(list(asked.values()))))
+        results = dict(zip(asked, self.engine.generate(list(asked.values())), strict=True))
         splits = {}
         for g in items:
             text_sides = sides_of[g["judgment_id"]]

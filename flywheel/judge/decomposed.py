@@ -376,7 +376,7 @@ def format_scores(s: Scores) -> str:
 def format_full(j: DecomposedJudgment) -> str:
     """The three steps' outputs in one text (one raw_output for a teacher judgment row)."""
     parts = (format_extraction(j.extraction), format_answers(j.answers), format_scores(j.scores))
-    return "\n".join(f"{h}\n{p}" for h, p in zip(FULL_HEADERS, parts))
+    return "\n".join(f"{h}\n{p}" for h, p in zip(FULL_HEADERS, parts, strict=True))
 
 
 def format_content_extraction(ex: Extraction, caption: str) -> str:
@@ -602,9 +602,9 @@ def parse_full(raw: str) -> DecomposedJudgment | ParseError:
         fail(f"step headers out of order: expected {', '.join(FULL_HEADERS)}")
     if any(lines[:marks[0]]):
         fail(f"text before '{FULL_HEADERS[0]}'")
-    chunks = ["\n".join(lines[a + 1:b]) for a, b in zip(marks, [*marks[1:], len(lines)])]
+    chunks = ["\n".join(lines[a + 1:b]) for a, b in zip(marks, [*marks[1:], len(lines)], strict=True)]
     results = []
-    for step, chunk in zip(STEPS, chunks):
+    for step, chunk in zip(STEPS, chunks, strict=True):
         if not chunk.strip():
             fail(f"{step}: empty")
         r = (parse_extraction(chunk) if step == "extraction" else

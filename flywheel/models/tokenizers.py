@@ -86,7 +86,7 @@ def _bpe_merges(words: dict[str, int], n_merges: int) -> list[tuple[str, str]]:
     for _ in range(n_merges):
         counts: dict[tuple[str, str], int] = {}
         for w, seq in seqs.items():
-            for pair in zip(seq, seq[1:]):
+            for pair in itertools.pairwise(seq):
                 counts[pair] = counts.get(pair, 0) + words[w]
         if not counts:
             break

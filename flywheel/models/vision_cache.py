@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections import OrderedDict
+from itertools import pairwise
 
 import torch
 
@@ -97,8 +98,8 @@ def cache_image_features(model: torch.nn.Module, max_bytes: int) -> ImageFeature
             if image_grid_thw is None or kwargs.get("return_dict") is False or not cache.frozen():
                 return original(pixel_values, image_grid_thw, **kwargs)
             bounds = torch.cat([image_grid_thw.new_zeros(1), image_grid_thw.prod(-1).cumsum(0)]).tolist()
-            rows = [pixel_values[a:b] for a, b in zip(bounds, bounds[1:])]
-            keys = [_key(r, tuple(g)) for r, g in zip(rows, image_grid_thw.tolist())]
+            rows = [pixel_values[a:b] for a, b in pairwise(bounds)]
+            keys = [_key(r, tuple(g)) for r, g in zip(rows, image_grid_thw.tolist(), strict=True)]
 
             def compute(idx):
                 picked = torch.cat([rows[i] for i in idx])

@@ -266,7 +266,7 @@ class JudgmentsCore:
             return []
         results = yield [j[2] for j in jobs]
         rows = []
-        for (aspect, order, _), res in zip(jobs, results):
+        for (aspect, order, _), res in zip(jobs, results, strict=True):
             name = None if aspect is None else aspect.name
             if not res.ok:
                 self._reject(out, i, p, [a, b], "pairwise", k, f"engine error: {res.error}", order=order, aspect=name)
@@ -286,7 +286,7 @@ class JudgmentsCore:
             return []
         results = yield [r for _, r in jobs]
         rows = []
-        for (g, _), res in zip(jobs, results):
+        for (g, _), res in zip(jobs, results, strict=True):
             if not res.ok:
                 self._reject(out, i, p, [c], "aspects", k, f"engine error: {res.error}", group=g)
                 continue
@@ -332,7 +332,7 @@ class JudgmentsCore:
                 self._reject(out, i, p, [c], "rubric", k, f"engine error grading: {failed[0]}")
                 continue
             raw = "\n".join(r.text.strip() for r in got)
-            parsed = [rb.parse_grades(r.text, ids) for r, ids in zip(got, parts)]
+            parsed = [rb.parse_grades(r.text, ids) for r, ids in zip(got, parts, strict=True)]
             bad = next((x for x in parsed if isinstance(x, ParseError)), None)
             if bad is not None:
                 fields = error_fields(ParseError(raw, f"grading: {bad.reason}"))
@@ -361,7 +361,7 @@ class JudgmentsCore:
         texts = list(dict.fromkeys(t for c in cands for _, t in cs.sides(p, c)))  # the reference first
         results = yield [self._with(cs.build(t, style=self.style), protocol="claims", step="split", prompt=p,
                                     sample_k=k, text=t) for t in texts]
-        answers = dict(zip(texts, results))
+        answers = dict(zip(texts, results, strict=True))
         rows, jobs = [], []
         for c in cands:
             got = cs.read(cs.sides(p, c), answers)
@@ -402,7 +402,7 @@ class JudgmentsCore:
             self._reject(out, i, p, [c], "claims", k, f"engine error: {failed[0]}")
             return []
         return [self._row(p, [c], "claims", k, cl.raw_output(ch, r.text), cl.fields(ch, r, self.readout))
-                for ch, r in zip(checks, results)]
+                for ch, r in zip(checks, results, strict=True)]
 
     # ---- decomposed T2I
     def _decomposed(self, i, p, cands, k, out) -> Item:
@@ -430,7 +430,7 @@ class JudgmentsCore:
                 self._reject(out, i, p, [c], "decomposed", k, f"cannot build the answering request: {e}")
         results = yield [r for _, r in jobs]
         rows, step3 = [], []
-        for (c, _), res in zip(jobs, results):
+        for (c, _), res in zip(jobs, results, strict=True):
             if not res.ok:
                 self._reject(out, i, p, [c], "decomposed", k, f"engine error at answers: {res.error}")
                 continue
@@ -448,7 +448,7 @@ class JudgmentsCore:
                 continue
             step3.append((c, ans, raw2, req))
         results = yield [s[3] for s in step3]
-        for (c, ans, raw2, _), res in zip(step3, results):
+        for (c, ans, raw2, _), res in zip(step3, results, strict=True):
             if not res.ok:
                 self._reject(out, i, p, [c], "decomposed", k, f"engine error at scores: {res.error}")
                 continue

@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 from dataclasses import replace
+from itertools import pairwise
 
 from flywheel.worlds.shapes.assessment import (CAPTION_ASPECTS, HALLUCINATION_WEIGHT, QA_CONTENT,
                                                WRONG_ATTRIBUTE_CREDIT, Assessment, Finding, NoGroundTruth,
@@ -35,9 +36,9 @@ def text_universal(text: str, readable: bool) -> tuple[dict[str, float], list[Fi
     s = text.strip()
     well_formed = float(bool(s) and (s[0].isupper() or s[0].isdigit()) and s[-1] in ".!?"
                         and not re.search(r"[^A-Za-z0-9 ,.;:!?'\"()\-]", s))
-    bigrams = list(zip(toks, toks[1:]))
+    bigrams = list(pairwise(toks))
     repeat = 1 - len(set(bigrams)) / len(bigrams) if bigrams else 0.0
-    runs = any(a == b for a, b in zip(toks, toks[1:]))
+    runs = any(a == b for a, b in pairwise(toks))
     no_rep = 0.0 if (repeat > 0.4 or runs) else 0.5 if repeat > 0.2 else 1.0
     known = sum(w in _KNOWN for w in words) / len(words) if words else 0.0
     known_v = 1.0 if known >= 0.9 else 0.5 if known >= 0.6 else 0.0

@@ -99,7 +99,7 @@ def match(wanted: list[tuple[str, str]], dets: tuple[Detection, ...], positions:
             if positions is not None:
                 cost[i, j] += _POSITION * float(np.hypot(d.x - positions[i].x, d.y - positions[i].y))
     rows, cols = linear_sum_assignment(cost)
-    return {int(i): int(j) for i, j in zip(rows, cols) if cost[i, j] < _UNRELATED}
+    return {int(i): int(j) for i, j in zip(rows, cols, strict=True) if cost[i, j] < _UNRELATED}
 
 
 def _background_noise(image: Image.Image, seg: Segmentation) -> float:

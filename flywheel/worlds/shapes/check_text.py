@@ -167,7 +167,7 @@ def check_caption(text: str, scene: Scene) -> TextCheck:
         cost = np.array([[0.0 if (m.colour == o.colour and m.shape == o.shape) else 1.0 if m.shape == o.shape
                           else 1.2 if m.colour == o.colour else 3.0 for o in objs] for m in items])
         rows, cols = linear_sum_assignment(cost)
-        pairs = [(int(i), int(j)) for i, j in zip(rows, cols) if cost[i, j] < 3.0]
+        pairs = [(int(i), int(j)) for i, j in zip(rows, cols, strict=True) if cost[i, j] < 3.0]
     exact = [(i, j) for i, j in pairs if items[i].colour == objs[j].colour and items[i].shape == objs[j].shape]
     with_colour = [(i, j) for i, j in pairs if items[i].colour is not None]
     hallucinated = [items[i] for i in range(len(items)) if i not in {i for i, _ in pairs}]
@@ -185,7 +185,7 @@ def check_caption(text: str, scene: Scene) -> TextCheck:
     checks += [n == truth[g] for g, n in groups.items() if truth[g]]
 
     relations = []
-    for toks, ms in zip(sents, per_sent):
+    for toks, ms in zip(sents, per_sent, strict=True):
         for s, rel, o, neg in relation_statements(toks, ms):
             cands = [(a, b) for a in range(len(objs)) for b in range(len(objs)) if a != b
                      and _fits(s, objs[a].colour, objs[a].shape) and _fits(o, objs[b].colour, objs[b].shape)]

@@ -57,7 +57,7 @@ def read(text: str) -> TextFacts:
     per_sentence = [find_mentions(t) for t in sents]
     items = caption_items([m for ms in per_sentence for m in ms])
     rels = set()
-    for toks, ms in zip(sents, per_sentence):
+    for toks, ms in zip(sents, per_sentence, strict=True):
         for s, rel, o, negated in relation_statements(toks, ms):
             if not negated and s.shape and o.shape:
                 rels.add(((s.colour, s.shape), rel, (o.colour, o.shape)))

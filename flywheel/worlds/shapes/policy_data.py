@@ -146,7 +146,7 @@ def vision_task(world: ShapesWorldConfig, judge: JudgeBaseConfig | None = None):
                 if rng.random() < judge.degraded_share:
                     images[i], degraded[i] = degrade(im, rng, judge), True
         return images, np.stack([cell_labels(scene, grid, classes, " blurred" if see_blur and d else "")
-                                 for scene, d in zip(scenes, degraded)])
+                                 for scene, d in zip(scenes, degraded, strict=True)])
 
     return CellTask(classes, len(classes) - 1, make)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from dataclasses import asdict, dataclass, field
+from itertools import pairwise
 from typing import Any, Sequence
 
 import numpy as np
@@ -184,7 +185,7 @@ def describe(scene: Scene) -> str:
                     f"{noun_phrase(1, b.colour, b.shape)}.")
     text = cap_first(list_objects(scene)) + "."
     if len(objs) > 2 and all(n == 1 for n in groups.values()):
-        for a, b in zip(objs, objs[1:]):
+        for a, b in pairwise(objs):
             if (rel := _pair_relation(a, b, scene.margin)) is not None:
                 text += " " + cap_first(f"{noun_phrase(1, a.colour, a.shape, 'the')} is {RELATION_PHRASES[rel]} "
                                    f"{noun_phrase(1, b.colour, b.shape, 'the')}.")

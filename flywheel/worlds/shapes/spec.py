@@ -66,7 +66,7 @@ def sample_spec(rng: RngLike, kind: SpecKind, config: ShapesWorldConfig | None =
         raise ValueError(f"cannot sample a {kind!r} spec with {n} objects from this palette and shape set")
     colours = rng.choice(len(palette), n, replace=False)
     kinds = rng.choice(len(shapes), n, replace=False)
-    objects = tuple((palette[c], shapes[s]) for c, s in zip(colours, kinds))
+    objects = tuple((palette[c], shapes[s]) for c, s in zip(colours, kinds, strict=True))
     if kind == "relation":
         return DrawSpec(objects, Relation(0, RELATIONS[rng.integers(len(RELATIONS))], 1))
     return DrawSpec(objects)
