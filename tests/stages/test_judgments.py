@@ -96,6 +96,17 @@ def test_multi_step_protocols_end_in_final_judgments(oracle_out):
     assert set(stats["histogram"]["pairwise"]) <= {"A", "B", "tie"}
 
 
+def test_an_engine_that_returns_too_few_results_stops_the_batch(jcfg, prompts, candidates):
+    """A result list shorter than its requests can't be matched to them in order: the core raises, never drops the
+    items past its end or labels one item with another's answer."""
+    class DropsLast(OracleTextEngine):
+        def generate(self, requests, seed=0):
+            return super().generate(requests, seed)[:-1]
+
+    with pytest.raises(RuntimeError, match=r"engine returned \d+ results for \d+ requests"):
+        JudgmentsCore(jcfg, candidates, engine=DropsLast(jcfg.teacher, jcfg.world.shapes))(prompts)
+
+
 def test_pairs_are_a_seeded_choice_of_different_outputs():
     cands = [{"candidate_id": f"c{i}", "output_text": f"answer {i}"} for i in range(5)]
     a = choose_pairs(cands, 3, 0, "p1")
