@@ -17,6 +17,7 @@ which imports this module.
 """
 from __future__ import annotations
 
+import itertools
 import re
 from collections import Counter
 from collections.abc import Mapping
@@ -602,7 +603,7 @@ def parse_full(raw: str) -> DecomposedJudgment | ParseError:
         fail(f"step headers out of order: expected {', '.join(FULL_HEADERS)}")
     if any(lines[:marks[0]]):
         fail(f"text before '{FULL_HEADERS[0]}'")
-    chunks = ["\n".join(lines[a + 1:b]) for a, b in zip(marks, [*marks[1:], len(lines)], strict=True)]
+    chunks = ["\n".join(lines[a + 1:b]) for a, b in itertools.pairwise([*marks, len(lines)])]
     results = []
     for step, chunk in zip(STEPS, chunks, strict=True):
         if not chunk.strip():
