@@ -68,7 +68,9 @@ def models_build(config: ConfigOpt = Path("configs/local.yaml"), overrides: Over
 
 @app.command("run")
 def run(config: ConfigOpt = Path("configs/local.yaml"), overrides: Overrides = None,
-        iterations: Annotated[int, typer.Option(help="Iterations to run, each from the last's champions.")] = 1,
+        iterations: Annotated[int, typer.Option(help="How many iterations, numbered from --start, each from the last's "
+                                                       "champions; finished ones are skipped, so --iterations 3 after "
+                                                       "iterations 0-1 runs iteration 2.")] = 1,
         start: Annotated[int, typer.Option(min=0, help="Number of the first iteration.")] = 0,
         resume: Annotated[bool, typer.Option("--resume", show_default=False,
                                              help="Accepted for clarity; always on: a finished iteration is "
