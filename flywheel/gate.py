@@ -110,6 +110,28 @@ def recorded_meta_eval(cfg: Config, uri: str) -> MetaEval | None:
     return MetaEval(tags[META_EVAL_TAG], tags[GOLD_TAG])
 
 
+def testable_on(cfg: Config, uri: str, metric: str, gold_uri: str) -> bool:
+    """Whether `uri`'s recorded value of `metric` can be tested pair by pair against the gold now at `gold_uri`:
+    its meta-eval was recorded against that gold, its rows are still there, and they give the recorded value."""
+    value, where = recorded(cfg, uri, metric), recorded_meta_eval(cfg, uri)
+    if value is None or where is None or where.gold_uri != gold_uri:
+        return False
+    try:
+        _outcomes(cfg, "champion", where, metric, value)
+    except Untestable:
+        return False
+    return True
+
+
+def remeasured(cfg: Config, uri: str, values: Mapping[str, float], where: MetaEval) -> None:
+    """Record `uri`'s values (the gate metric and its guards) and meta-eval as measured just now on the gold now in
+    use, over those recorded against another gold: the gate then compares a challenger with it on the same pairs,
+    never a value from one gold set against one from another."""
+    for metric, value in values.items():
+        record(cfg, uri, metric, value)
+    record_meta_eval(cfg, uri, where)
+
+
 class Untestable(Exception):
     """The paired test cannot be run; the message says why (the gate falls back to the margin rule)."""
 

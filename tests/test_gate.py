@@ -293,6 +293,32 @@ def test_a_champion_without_its_outcomes_falls_back_to_the_margin_rule(cfg, gold
     assert "paired test not run" in d.reason and why in d.reason and "margin rule" in d.reason
 
 
+def test_a_champion_judged_on_other_gold_is_measured_again_and_the_gate_tests_both_on_the_same_pairs(
+        cfg, gold, tmp_path):
+    """The gold changed after the champion was promoted (world.gold edited, a user's labels added): the iteration
+    measures the champion again on the new gold and records it on its version, so the gate compares the two
+    judges on the same pairs (McNemar) instead of a value from the old gold against one from the new."""
+    from flywheel.iteration import _champion_on_other_gold
+
+    uri, ids = gold
+    old_right, _ = _outcomes(ids, both=180, only_challenger=0, only_champion=0)  # 0.891 on the old gold
+    where1, value1 = _meta_eval(tmp_path, "me-1", uri, old_right)
+    v1 = _version(cfg)
+    _judge_gate(cfg, v1, value1, where1, baseline=("world:judge", 0.0, None))
+    assert gate.testable_on(cfg, v1, METRIC, uri) and _champion_on_other_gold(cfg, uri) is None
+    new_ids = write_gold(uri, N, seed=1)  # harder gold: the champion gets fewer of its pairs right
+    assert not gate.testable_on(cfg, v1, METRIC, uri) and _champion_on_other_gold(cfg, uri) == v1
+    challenger, champion = _outcomes(new_ids, both=120, only_challenger=12, only_champion=10)  # 0.653 vs 0.644
+    assert sum(challenger.values()) / N < value1  # below the champion's old-gold value: the margin would refuse
+    again, again_value = _meta_eval(tmp_path, "me-1-again", uri, champion)
+    gate.remeasured(cfg, v1, {METRIC: again_value}, again)
+    assert gate.recorded(cfg, v1, METRIC) == pytest.approx(again_value) and _champion_on_other_gold(cfg, uri) is None
+    where2, value2 = _meta_eval(tmp_path, "me-2", uri, challenger)
+    d = _judge_gate(cfg, _version(cfg), value2, where2, alpha=None)
+    assert d.champion == v1 and d.champion_value == pytest.approx(again_value)
+    assert (d.test, d.better, d.worse) == ("McNemar", 12, 10) and d.promoted  # the margin alone, on the same gold
+
+
 def test_mcnemar_counts_only_pairs_both_judges_were_scored_on():
     challenger = {"a": True, "b": True, "c": False, "d": True, "only-mine": True}
     champion = {"a": True, "b": False, "c": True, "d": False, "only-theirs": False}
