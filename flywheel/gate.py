@@ -3,15 +3,17 @@ champion on the configured metric by the configured margin; otherwise the champi
 recorded either way (on the challenger's version and in the iteration's MLflow run).
 
 The measured metric is stored on each version as a tag (`flywheel.gate.<metric>`), so a champion is not
-re-evaluated every iteration. A champion that is not a registered version (iteration 0's base model) is measured
+re-evaluated every iteration (a judge's, only when the gold changed; below). A champion that is not a registered version (iteration 0's base model) is measured
 by the caller and passed in.
 
 A judge must also pass a paired test (`gate.judge_test`): its metric is an accuracy over ~200 gold pairs, whose
 run-to-run noise is as large as the gains a margin could ask for. Both judges are scored on the same gold pairs,
 so McNemar's exact test compares them pair by pair. A judge's per-pair outcomes are recomputed from its
 meta-eval on storage, which its version names in tags (`flywheel.gate.meta_eval_uri`, `flywheel.gate.gold_uri`);
-a champion without them (registered before, or its files gone) is compared by the margin alone, and the reason
-says so.
+a champion whose recorded meta-eval cannot be read against the gold now in use (the gold changed since: world.gold
+or meta_eval.gold_files edited; or its rows were pruned) is measured again by the iteration beside the challenger
+and its version's records replaced (`testable_on`, `remeasured`), so the two are never compared across gold sets.
+A champion that still has none is compared by the margin alone, and the reason says so.
 
 What the next iteration's judge trains from is a second decision (`gate.judge_lineage`): the champion, or the
 `lineage` alias, which follows each challenger unless it is significantly worse than the champion. The champion
