@@ -12,7 +12,7 @@ so McNemar's exact test compares them pair by pair. A judge's per-pair outcomes 
 meta-eval on storage, which its version names in tags (`flywheel.gate.meta_eval_uri`, `flywheel.gate.gold_uri`);
 a champion whose recorded meta-eval cannot be read against the gold now in use (the gold changed since: world.gold
 or meta_eval.gold_files edited; or its rows were pruned) is measured again by the iteration beside the challenger
-and its version's records replaced (`testable_on`, `remeasured`), so the two are never compared across gold sets.
+and its version's records replaced (`measured_on`, `remeasured`), so the two are never compared across gold sets.
 A champion that still has none is compared by the margin alone, and the reason says so.
 
 What the next iteration's judge trains from is a second decision (`gate.judge_lineage`): the champion, or the
@@ -32,6 +32,7 @@ from dataclasses import asdict, dataclass
 from scipy import stats
 
 from flywheel.config import Config
+from flywheel.evaluate.metric_names import per_pair_accuracy, split_of
 from flywheel.train import registry
 
 log = logging.getLogger(__name__)
@@ -112,15 +113,21 @@ def recorded_meta_eval(cfg: Config, uri: str) -> MetaEval | None:
     return MetaEval(tags[META_EVAL_TAG], tags[GOLD_TAG])
 
 
-def testable_on(cfg: Config, uri: str, metric: str, gold_uri: str) -> bool:
-    """Whether `uri`'s recorded value of `metric` can be tested pair by pair against the gold now at `gold_uri`:
-    its meta-eval was recorded against that gold, its rows are still there, and they give the recorded value."""
+def measured_on(cfg: Config, uri: str, metric: str, gold_uri: str) -> bool:
+    """Whether `uri`'s recorded value of `metric` was measured on the gold now at `gold_uri`, its meta-eval still
+    there to test it pair by pair: recorded against that gold, its rows kept, and (a per-pair accuracy) giving the
+    recorded value."""
+    from flywheel.evaluate import meta
+
     value, where = recorded(cfg, uri, metric), recorded_meta_eval(cfg, uri)
     if value is None or where is None or where.gold_uri != gold_uri:
         return False
     try:
-        _outcomes(cfg, "champion", where, metric, value)
-    except Untestable:
+        if _per_pair(metric):
+            _outcomes(cfg, "champion", where, metric, value)
+        else:
+            meta.judged_against(gold_uri, where.output_uri, split_of(metric)[0])
+    except (Untestable, meta.OutcomesUnavailable):
         return False
     return True
 
@@ -132,6 +139,10 @@ def remeasured(cfg: Config, uri: str, values: Mapping[str, float], where: MetaEv
     for metric, value in values.items():
         record(cfg, uri, metric, value)
     record_meta_eval(cfg, uri, where)
+
+
+def _per_pair(metric: str) -> bool:
+    return per_pair_accuracy(split_of(metric)[1]) is not None
 
 
 class Untestable(Exception):
@@ -189,6 +200,8 @@ def _outcomes(cfg: Config, who: str, where: MetaEval | None, metric: str, value:
 
     if where is None:
         raise Untestable(f"the {who} has no recorded meta-eval")
+    if not _per_pair(metric):  # gate.judge_test none allows e.g. a Pearson: no pair-by-pair outcomes to test
+        raise Untestable(f"{metric} is not a per-pair accuracy")
     try:
         got = meta.stored_outcomes(cfg, where.gold_uri, where.output_uri, metric)
     except meta.OutcomesUnavailable as e:

@@ -263,7 +263,7 @@ def _champion_on_other_gold(cfg: Config, gold_uri: str) -> str | None:
     changed since it was promoted (world.gold or meta_eval.gold_files edited, a user's labels added) or its rows
     are gone. Its recorded value measured something else, so it is measured again beside the challenger."""
     champion = gate.champion_of(cfg, cfg.train.registry.judge)
-    if champion is None or gate.testable_on(cfg, champion, cfg.gate.judge_metric, gold_uri):
+    if champion is None or gate.measured_on(cfg, champion, cfg.gate.judge_metric, gold_uri):
         return None
     return champion
 

@@ -305,9 +305,9 @@ def test_a_champion_judged_on_other_gold_is_measured_again_and_the_gate_tests_bo
     where1, value1 = _meta_eval(tmp_path, "me-1", uri, old_right)
     v1 = _version(cfg)
     _judge_gate(cfg, v1, value1, where1, baseline=("world:judge", 0.0, None))
-    assert gate.testable_on(cfg, v1, METRIC, uri) and _champion_on_other_gold(cfg, uri) is None
+    assert gate.measured_on(cfg, v1, METRIC, uri) and _champion_on_other_gold(cfg, uri) is None
     new_ids = write_gold(uri, N, seed=1)  # harder gold: the champion gets fewer of its pairs right
-    assert not gate.testable_on(cfg, v1, METRIC, uri) and _champion_on_other_gold(cfg, uri) == v1
+    assert not gate.measured_on(cfg, v1, METRIC, uri) and _champion_on_other_gold(cfg, uri) == v1
     challenger, champion = _outcomes(new_ids, both=120, only_challenger=12, only_champion=10)  # 0.653 vs 0.644
     assert sum(challenger.values()) / N < value1  # below the champion's old-gold value: the margin would refuse
     again, again_value = _meta_eval(tmp_path, "me-1-again", uri, champion)
@@ -317,6 +317,24 @@ def test_a_champion_judged_on_other_gold_is_measured_again_and_the_gate_tests_bo
     d = _judge_gate(cfg, _version(cfg), value2, where2, alpha=None)
     assert d.champion == v1 and d.champion_value == pytest.approx(again_value)
     assert (d.test, d.better, d.worse) == ("McNemar", 12, 10) and d.promoted  # the margin alone, on the same gold
+
+
+def test_a_metric_that_is_not_a_per_pair_accuracy_is_gated_by_the_margin_and_its_gold_still_checked(
+        cfg, gold, tmp_path):
+    """gate.judge_test none allows e.g. a Pearson as the judge metric: no outcomes pair by pair to test, so the
+    margin alone decides instead of the gate failing, and whether the champion's value was measured on this gold is read from its
+    meta-eval's upstream."""
+    pearson = "id-test/all/pointwise/pearson"
+    uri, ids = gold
+    where1, _ = _meta_eval(tmp_path, "me-1", uri, dict.fromkeys(ids, True))
+    v1 = _version(cfg)
+    gate.decide(cfg, v1, 0.5, pearson, 0.0, meta_eval=where1)
+    assert gate.champion_of(cfg, "judge") == v1 and gate.measured_on(cfg, v1, pearson, uri)
+    where2, _ = _meta_eval(tmp_path, "me-2", uri, dict.fromkeys(ids, True))
+    d = gate.decide(cfg, _version(cfg), 0.6, pearson, 0.0, meta_eval=where2)
+    assert d.promoted and d.test is None and d.reason == f"{pearson} 0.6000 > champion 0.5000 + margin 0.0"
+    write_gold(uri, N, seed=1)
+    assert not gate.measured_on(cfg, d.challenger, pearson, uri)
 
 
 def test_mcnemar_counts_only_pairs_both_judges_were_scored_on():

@@ -25,6 +25,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import pyarrow as pa
+
 from flywheel import storage
 from flywheel.config import Config
 from flywheel.datasets import ManifestMismatch, read_dataset, read_manifest, write_dataset
@@ -304,18 +306,29 @@ def stored_outcomes(cfg: Config, gold_uri: str, output_uri: str, metric: str) ->
     its judged rows under `output_uri`, recomputed from storage against the gold under `gold_uri`. Raises
     OutcomesUnavailable when the rows are gone or the gold is no longer the one they were judged against."""
     split, name = metric_names.split_of(metric)
+    table = judged_against(gold_uri, output_uri, split)
+    base = storage.join(gold_uri, split)
+    try:
+        gold, prompts = read_gold(base)
+    except (FileNotFoundError, ManifestMismatch) as e:
+        raise OutcomesUnavailable(f"cannot read the gold at {base}: {e}") from e
+    s = cfg.world.suites.split
+    return pair_outcomes(name, gold, table.to_pylist(), prompts, set(s.ood_aspects), set(s.ood_subtasks))
+
+
+def judged_against(gold_uri: str, output_uri: str, split: str) -> pa.Table:
+    """A split's judged rows under `output_uri`, if they were judged against the gold now under `gold_uri`; raises
+    OutcomesUnavailable when they are gone or the gold changed since."""
     base, judged_uri = storage.join(gold_uri, split), storage.join(output_uri, split)
     try:
         table, manifest = read_dataset(judged_uri)
         gold_hashes = [read_manifest(uri).content_hash for uri in _inputs(base)]
-        # the gold's three manifests lead the judged rows' upstream (judge_parts adds the combined stage's output)
-        if [u.content_hash for u in manifest.upstream][:len(gold_hashes)] != gold_hashes:
-            raise OutcomesUnavailable(f"the gold at {base} changed since {judged_uri} was judged")
-        gold, prompts = read_gold(base)
     except (FileNotFoundError, ManifestMismatch) as e:  # FileNotFoundError covers a missing manifest
         raise OutcomesUnavailable(f"cannot read the meta-eval at {judged_uri}: {e}") from e
-    s = cfg.world.suites.split
-    return pair_outcomes(name, gold, table.to_pylist(), prompts, set(s.ood_aspects), set(s.ood_subtasks))
+    # the gold's three manifests lead the judged rows' upstream (judge_parts adds the combined stage's output)
+    if [u.content_hash for u in manifest.upstream][:len(gold_hashes)] != gold_hashes:
+        raise OutcomesUnavailable(f"the gold at {base} changed since {judged_uri} was judged")
+    return table
 
 
 def _scores(gold: list[dict], judged: list[dict]) -> dict[str, float | None]:

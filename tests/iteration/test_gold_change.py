@@ -45,5 +45,5 @@ def test_a_champion_judged_on_gold_that_changed_since_is_measured_again_beside_t
     assert "measuring it again there" in text, text[-4000:]  # and the log says why the champion was judged
     p = paths(cfg, 1)
     assert gate.recorded_meta_eval(cfg, champion) == gate.MetaEval(p["meta-eval-baseline"], p["gold"])
-    assert gate.testable_on(cfg, champion, cfg.gate.judge_metric, p["gold"])
+    assert gate.measured_on(cfg, champion, cfg.gate.judge_metric, p["gold"])
     assert d["champion_value"] == pytest.approx(gate.recorded(cfg, champion, cfg.gate.judge_metric))
