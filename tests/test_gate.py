@@ -322,8 +322,8 @@ def test_a_champion_judged_on_other_gold_is_measured_again_and_the_gate_tests_bo
 def test_a_metric_that_is_not_a_per_pair_accuracy_is_gated_by_the_margin_and_its_gold_still_checked(
         cfg, gold, tmp_path):
     """gate.judge_test none allows e.g. a Pearson as the judge metric: no outcomes pair by pair to test, so the
-    margin alone decides instead of the gate failing, and whether the champion's value was measured on this gold is read from its
-    meta-eval's upstream."""
+    margin alone decides instead of the gate failing, and whether the champion's value was measured on this gold
+    is read from its meta-eval's upstream."""
     pearson = "id-test/all/pointwise/pearson"
     uri, ids = gold
     where1, _ = _meta_eval(tmp_path, "me-1", uri, dict.fromkeys(ids, True))
