@@ -27,10 +27,24 @@ def versus(d: dict | None) -> str:
     return f"{d['better']}/{d['worse']} p={d['p']:.2g}" if d["pairs"] else "no shared pairs"
 
 
-def _judged(r: IterationRow, c: str) -> str:  # with the larger side of its interval: "0.738±0.06"
+def _judged(r: IterationRow, c: str, mark: str = "") -> str:  # with the larger side of its interval: "0.738±0.06"
     lo, hi = r.judge_interval.get(c, (None, None))
     v = r.judge.get(c)
-    return num(v) if lo is None or v is None else f"{num(v)}±{max(v - lo, hi - v):.2f}"
+    if v is None:
+        return num(v)
+    return (num(v) if lo is None else f"{num(v)}±{max(v - lo, hi - v):.2f}") + mark
+
+
+def latest_teacher(rows: list[IterationRow]) -> dict[str, float]:
+    """The teacher of the latest iteration that has one: the teacher column's."""
+    return next((r.teacher for r in reversed(rows) if r.teacher), {})
+
+
+def on_other_gold(rows: list[IterationRow]) -> list[IterationRow]:
+    """The rows whose teacher differs from the teacher column's: judged on another gold set (world.gold or
+    meta_eval.gold_files changed since), so their values are not read against that column."""
+    teacher = latest_teacher(rows)
+    return [r for r in rows if r.teacher and r.teacher != teacher]
 
 
 def _move(r: IterationRow, role: str, refused: bool) -> str:
@@ -47,15 +61,16 @@ def progress_table(rows: list[IterationRow], title: str, registry: dict[str, str
     registry: role -> its registered model's name (an outcome "refused" there shows as such)."""
     cols = [f"{s}/{c}" for s in SPLITS for c in ("ranking", "pairwise", "balanced", "pearson", "claims")]
     cols = [c for c in cols if not c.endswith(OPTIONAL) or any(c in r.judge for r in rows)]
-    teacher = next((r.teacher for r in reversed(rows) if r.teacher), {})
+    teacher, other = latest_teacher(rows), {r.iteration for r in on_other_gold(rows)}
     t = Table(title=title)
     t.add_column("iteration")
     for r in rows:
         t.add_column(str(r.iteration), justify="right")
     t.add_column("teacher", justify="right")
     t.add_row("status", *(r.status for r in rows), "(noisy)", end_section=True)
-    for c in cols:  # the teacher judged once on the shared gold set: the bar the judge aims at
-        t.add_row(c.replace("/", " "), *(_judged(r, c) for r in rows), num(teacher.get(c)),
+    for c in cols:  # the teacher judged on the gold set the judges share: the bar the judge aims at (†: other gold)
+        t.add_row(c.replace("/", " "), *(_judged(r, c, "†" * (r.iteration in other)) for r in rows),
+                  num(teacher.get(c)),
                   end_section=c == cols[-1])
     if any(r.vs_teacher for r in rows):
         for short, split in SPLITS.items():
@@ -110,6 +125,10 @@ def print_report(console: Console, rows: list[IterationRow], experiment: str, re
             console.print(f"* iteration {r.iteration}: {r.busy}")
         if r.problem:
             console.print(f"[yellow]iteration {r.iteration} (MLflow run {r.run_id}): {r.problem}[/yellow]")
+    for r in on_other_gold(rows):
+        there = ", ".join(f"{c.replace('/', ' ')} {num(v)}" for c, v in r.teacher.items() if c in r.judge)
+        console.print(f"† iteration {r.iteration} was judged on other gold than the teacher column's (the gold set "
+                      f"changed since); its teacher there: {there}")
     if versus_rows := [r for r in rows if r.vs_teacher]:
         metric = next(iter(versus_rows[-1].vs_teacher.values()))["metric"]
         console.print(f"vs teacher: the judge against its noisy teacher gold pair by gold pair ({metric}): pairs "

@@ -299,3 +299,27 @@ def test_the_iteration_description_names_the_datasets_with_quarantined_rows_and_
         "--dataset <name>`): candidates 1, labels 3")
     del summary["quarantined"]  # none (or a summary written before they were counted)
     assert "Quarantined" not in describe(summary)
+
+
+def test_an_iteration_judged_on_other_gold_is_marked_and_its_own_teacher_printed():
+    from rich.console import Console
+
+    from flywheel.report_view import print_report
+
+    def summary(ranking: float, teacher: float) -> dict:
+        return {"meta_eval": {"challenger": _meta(ranking), "teacher": _meta(teacher)}}
+
+    # the gold set grew before iteration 1: its teacher scores 0.836 where iteration 0's scored 0.816
+    rows = [row_of(0, "r0", "FINISHED", summary(0.891, 0.816)), row_of(1, "r1", "FINISHED", summary(0.921, 0.836))]
+    console = Console(record=True, width=250)
+    print_report(console, rows, "x", {"policy": "p", "generator": "g"}, shown_of=2)
+    text = console.export_text()
+    line = next(x for x in text.splitlines() if x.startswith("│ id ranking"))
+    assert [c.strip() for c in line.split("│")[2:-1]] == ["0.891±0.08†", "0.921±0.07", "0.836"]
+    assert ("† iteration 0 was judged on other gold than the teacher column's (the gold set changed since); its "
+            "teacher there: id ranking 0.816, id pairwise 0.300, id pearson 0.500, ood ranking 0.916") in text
+    assert "† iteration 1" not in text
+    # one gold set throughout: no mark, no note
+    console = Console(record=True, width=250)
+    print_report(console, [rows[1]], "x", {"policy": "p", "generator": "g"}, shown_of=1)
+    assert "†" not in console.export_text()
