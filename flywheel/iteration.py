@@ -159,7 +159,8 @@ def _run_iteration(cfg: Config, n: int, tracker: Tracker | None) -> IterationRes
             res.counts["prompts_train"] = prompts.run_split(start, p["prompts"], p["prompts-train"]).row_count
         with stage("gold"):  # one gold set for every iteration (from iteration 0's draw), so they compare
             first = paths(cfg, 0)["prompts"]
-            if n:
+            if n:  # iteration 0's prompts, drawn again should its workdir have lost them
+                log.info("stage gold: from iteration 0's prompts at %s (one gold set for every iteration)", first)
                 prompts.run(start, first, iteration=0)
             gold.run(start, first, p["gold"], tracker)
         with stage("candidates"):
