@@ -27,12 +27,14 @@ def versus(d: dict | None) -> str:
     return f"{d['better']}/{d['worse']} p={d['p']:.2g}" if d["pairs"] else "no shared pairs"
 
 
-def _judged(r: IterationRow, c: str, mark: str = "") -> str:  # with the larger side of its interval: "0.738±0.06"
+def _judged(r: IterationRow, c: str) -> str:  # with the larger side of its interval: "0.738±0.06"
     lo, hi = r.judge_interval.get(c, (None, None))
     v = r.judge.get(c)
-    if v is None:
-        return num(v)
-    return (num(v) if lo is None else f"{num(v)}±{max(v - lo, hi - v):.2f}") + mark
+    return num(v) if lo is None or v is None else f"{num(v)}±{max(v - lo, hi - v):.2f}"
+
+
+def _marked(text: str, other_gold: bool) -> str:  # †: judged on other gold than the teacher column's
+    return text + "†" if other_gold and text != "—" else text
 
 
 def latest_teacher(rows: list[IterationRow]) -> dict[str, float]:
@@ -69,7 +71,7 @@ def progress_table(rows: list[IterationRow], title: str, registry: dict[str, str
     t.add_column("teacher", justify="right")
     t.add_row("status", *(r.status for r in rows), "(noisy)", end_section=True)
     for c in cols:  # the teacher judged on the gold set the judges share: the bar the judge aims at (†: other gold)
-        t.add_row(c.replace("/", " "), *(_judged(r, c, "†" * (r.iteration in other)) for r in rows),
+        t.add_row(c.replace("/", " "), *(_marked(_judged(r, c), r.iteration in other) for r in rows),
                   num(teacher.get(c)),
                   end_section=c == cols[-1])
     if any(r.vs_teacher for r in rows):
@@ -95,8 +97,9 @@ def subtask_table(rows: list[IterationRow], title: str, field: str, cell) -> Tab
         t.add_column(str(r.iteration), justify="right")
     teacher = next((getattr(r, f"teacher_{field}") for r in reversed(rows) if getattr(r, f"teacher_{field}")), {})
     t.add_column("teacher", justify="right")
+    other = {r.iteration for r in on_other_gold(rows)}
     for k in keys:
-        t.add_row(k, *(cell(r, k) for r in rows), num(teacher.get(k)))
+        t.add_row(k, *(_marked(cell(r, k), r.iteration in other) for r in rows), num(teacher.get(k)))
     return t
 
 

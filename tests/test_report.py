@@ -319,6 +319,8 @@ def test_an_iteration_judged_on_other_gold_is_marked_and_its_own_teacher_printed
     assert ("† iteration 0 was judged on other gold than the teacher column's (the gold set changed since); its "
             "teacher there: id ranking 0.816, id pairwise 0.300, id pearson 0.500, ood ranking 0.916") in text
     assert "† iteration 1" not in text
+    line = next(x for x in text.splitlines() if x.startswith("│ id/iu_caption"))  # the sub-task tables too
+    assert [c.strip() for c in line.split("│")[2:-1]] == ["0.691†", "0.721", "0.636"]
     # one gold set throughout: no mark, no note
     console = Console(record=True, width=250)
     print_report(console, [rows[1]], "x", {"policy": "p", "generator": "g"}, shown_of=1)
