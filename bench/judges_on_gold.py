@@ -14,9 +14,9 @@ iteration-0 prompts serve both.
         [--metric all/pointwise_ranking/accuracy] [--out runs/bench-judges-gold] [--set key=value ...]
 
 Each judge's judged rows land in <out>/<gold-prompts>/<name>; a second run skips what is judged already (the
-meta-eval's manifests). The report: each judge's accuracy per split on the pairs every judge was scored on, then McNemar's
-one-sided test of each judge against each one named after it (b / c: pairs only the first / only the second got
-right).
+meta-eval's manifests). The report: each judge's accuracy per split on the pairs every judge was scored on, then
+McNemar's one-sided test of each judge against each one named after it (b / c: pairs only the first / only the
+second got right).
 """
 from __future__ import annotations
 

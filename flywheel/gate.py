@@ -3,8 +3,8 @@ champion on the configured metric by the configured margin; otherwise the champi
 recorded either way (on the challenger's version and in the iteration's MLflow run).
 
 The measured metric is stored on each version as a tag (`flywheel.gate.<metric>`), so a champion is not
-re-evaluated every iteration (a judge's, only when the gold changed; below). A champion that is not a registered version (iteration 0's base model) is measured
-by the caller and passed in.
+re-evaluated every iteration (a judge's, only when the gold changed; below). A champion that is not a registered
+version (iteration 0's base model) is measured by the caller and passed in.
 
 A judge must also pass a paired test (`gate.judge_test`): its metric is an accuracy over ~200 gold pairs, whose
 run-to-run noise is as large as the gains a margin could ask for. Both judges are scored on the same gold pairs,
