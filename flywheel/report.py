@@ -31,6 +31,7 @@ CONFIDENCE = 0.95  # of the accuracies' intervals over the gold pairs (Wilson sc
 DOWNSTREAM = {"policy": "accuracy", "generator": "score10"}
 REFUSED = "refused by its training"  # the reason's start (flywheel/gate.py: refuse)
 OUTCOMES = ("promoted", "kept", "refused")  # of several decisions on one model, the first of these stands
+BASE_STAGE = "models"  # builds the base checkpoints (flywheel/iteration.py): timed apart from the iteration's own
 
 
 @dataclass
@@ -58,7 +59,9 @@ class IterationRow:
     outcome: dict[str, str] = field(default_factory=dict)
     # role -> [pairs pooled, pairs its update waits for]: the update did not train (flywheel/preference_pool.py)
     waiting: dict[str, list[int]] = field(default_factory=dict)
-    seconds: float = math.nan
+    seconds: float = math.nan  # in the iteration's stages, the base models' build apart
+    # building the base checkpoints (stage models): a fresh workdir's iteration 0 pays it once, ~1 h on CPU
+    base_seconds: float = math.nan
     busy: str = ""  # the stages that ran while other work shared the machine (flywheel/stage_clock.py)
     # a RUNNING iteration's latest stage and when it started ("judge-sft since 2026-12-03 20:58 UTC"): a driver
     # killed without a word leaves its run RUNNING, and a start long ago shows it
@@ -126,7 +129,9 @@ def row_of(iteration: int, run_id: str, status: str, summary: dict | None,
     counts = summary.get("counts", {})
     row.waiting = {role: [int(counts.get(f"{role}_pool_pairs", 0)), int(counts.get(f"{role}_pool_needs", 0))]
                    for role in DOWNSTREAM if counts.get(f"{role}_waits")}
-    row.seconds = float(sum(summary.get("seconds", {}).values()))
+    seconds = dict(summary.get("seconds", {}))
+    row.base_seconds = float(seconds.pop(BASE_STAGE, math.nan))
+    row.seconds = float(sum(seconds.values()))
     row.busy = busy_note(summary.get("load") or {}, summary.get("cpus"))
     return row
 

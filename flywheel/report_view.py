@@ -84,6 +84,8 @@ def progress_table(rows: list[IterationRow], title: str, registry: dict[str, str
                             or ("none" if r.outcome else "—") for r in rows), "")
     t.add_row("seconds", *("—" if r.seconds != r.seconds else f"{r.seconds:.0f}" + ("*" if r.busy else "")
                            for r in rows), "")
+    if any(r.base_seconds >= 1 for r in rows):  # a fresh workdir built its bases (checked: not NaN, not a skip)
+        t.add_row("+ base build s", *(f"{r.base_seconds:.0f}" if r.base_seconds >= 1 else "" for r in rows), "")
     return t
 
 

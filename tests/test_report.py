@@ -325,3 +325,23 @@ def test_an_iteration_judged_on_other_gold_is_marked_and_its_own_teacher_printed
     console = Console(record=True, width=250)
     print_report(console, [rows[1]], "x", {"policy": "p", "generator": "g"}, shown_of=1)
     assert "†" not in console.export_text()
+
+
+def test_a_fresh_workdirs_base_build_is_timed_apart_from_its_iteration():
+    from rich.console import Console
+
+    from flywheel.report_view import print_report
+
+    # iteration 0 built the bases (stage models, ~1 h here); iteration 1 found them built (a skip, 0.3 s)
+    rows = [row_of(n, f"r{n}", "FINISHED", {"seconds": {"models": base, "judge-sft": 1434.4, "labels": 106.0}})
+            for n, base in ((0, 4091.3), (1, 0.3))]
+    assert rows[0].seconds == pytest.approx(1540.4) and rows[0].base_seconds == pytest.approx(4091.3)
+    console = Console(record=True, width=250)
+    print_report(console, rows, "x", {"policy": "p", "generator": "g"}, shown_of=2)
+    table = {line.split("│")[1].strip(): [c.strip() for c in line.split("│")[2:-1]]
+             for line in console.export_text().splitlines() if line[:1] == "│"}
+    assert table["seconds"] == ["1540", "1540", ""] and table["+ base build s"] == ["4091", "", ""]
+    # no iteration built its bases in the window shown: no such row
+    console = Console(record=True, width=250)
+    print_report(console, rows[1:], "x", {"policy": "p", "generator": "g"}, shown_of=2)
+    assert "base build" not in console.export_text()
