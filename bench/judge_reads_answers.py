@@ -76,7 +76,8 @@ def steps(subtask: str, reference: str, answer: str, analysis: str) -> dict[str,
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--judge", required=True, help="A judge model folder (e.g. <workdir>/registry/judge/6/export/model).")
+    ap.add_argument("--judge", required=True,
+                    help="A judge model folder (e.g. <workdir>/registry/judge/6/export/model).")
     ap.add_argument("--workdir", required=True, help="A flywheel run's workdir (its preference data is read).")
     ap.add_argument("--iteration", default="001")
     ap.add_argument("--items", type=int, default=360)

@@ -62,7 +62,8 @@ def run(cfg, training: str, data_uri: str, steps: int) -> dict:
         trainer.train()
     cache = next((m._image_feature_cache for m in model.modules() if hasattr(m, "_image_feature_cache")), None)
     gaps = [b - a for a, b in zip(clock.stamps[5:], clock.stamps[6:])]  # after a warm-up
-    return {"step": statistics.median(gaps), "mean": statistics.fmean(gaps), "losses": clock.losses, "real": clock.real / max(1, clock.padded),
+    return {"step": statistics.median(gaps), "mean": statistics.fmean(gaps), "losses": clock.losses,
+            "real": clock.real / max(1, clock.padded),
             "cache": "off" if cache is None else f"{cache.hits / max(1, cache.hits + cache.misses):.0%} hits"}
 
 
@@ -91,7 +92,8 @@ def main() -> None:
         print(f"  {name} {' '.join(overrides) or '(config)'}: median step {side['step']:.3f} s (mean "
               f"{side['mean']:.3f}), "
               f"real tokens {side['real']:.2f}, vision cache {side['cache']}")
-    print(f"  ratio B/A {b['step'] / a['step']:.2f} (means {b['mean'] / a['mean']:.2f}); largest per-step loss difference {gap:.2e} "
+    print(f"  ratio B/A {b['step'] / a['step']:.2f} (means {b['mean'] / a['mean']:.2f}); "
+          f"largest per-step loss difference {gap:.2e} "
           "(meaningful only if both sides draw rows in the same order)")
 
 

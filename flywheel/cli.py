@@ -31,7 +31,8 @@ Overrides = Annotated[list[str] | None, typer.Argument(help="Dotted overrides, e
 
 
 def _setup_logging() -> None:
-    logging.basicConfig(level=logging.INFO, format="%(message)s", handlers=[RichHandler(console=console, show_path=False)])
+    logging.basicConfig(level=logging.INFO, format="%(message)s",
+                        handlers=[RichHandler(console=console, show_path=False)])
 
 
 def _load(config: Path, overrides: list[str] | None):
@@ -153,7 +154,8 @@ def eval_judge(data: Annotated[str, typer.Option(help="Labeled JSONL (format: fl
 
 @app.command("report")
 def report(config: ConfigOpt = Path("configs/local.yaml"), overrides: Overrides = None,
-           as_json: Annotated[bool, typer.Option("--json", help="One JSON object per iteration (all of them).")] = False,
+           as_json: Annotated[bool, typer.Option("--json", help="One JSON object per iteration "
+                                                                "(all of them).")] = False,
            last: Annotated[int, typer.Option(min=1, help="Show the latest N iterations, a column each.")] = 6,
            ) -> None:
     """The flywheel's progress across iterations, from MLflow.
@@ -330,8 +332,8 @@ def schedule(config: ConfigOpt = Path("configs/local.yaml"), overrides: Override
              = "jobs/iteration.py",
              working_dir: Annotated[Path, typer.Option(help="Uploaded with every job (the project; .gitignore "
                                                             "and .rayignore apply).")] = Path("."),
-             decision_log: Annotated[Path | None, typer.Option(help="JSON-lines decision log; default "
-                                                                   "decisions.jsonl in <run.workdir>/schedule.")] = None,
+             decision_log: Annotated[Path | None, typer.Option(help="JSON-lines decision log; default decisions.jsonl "
+                                                                    "in <run.workdir>/schedule.")] = None,
              poll: Annotated[float, typer.Option(help="Seconds between status polls while waiting for the last "
                                                       "run (--max-runs).")] = 30.0) -> None:
     """Submit flywheel iterations to a Ray cluster on a schedule: one at a time, a failed one resumed first."""

@@ -136,7 +136,8 @@ class ZooConfig(StrictModel):
     vision_hidden: int = Field(64, description="Width of the tiny vision towers.")
     vision_layers: int = Field(2, description="Depth of the tiny vision towers.")
     unet_channels: list[int] = Field([32, 64], description="UNet block widths of the tiny SDXL.")
-    vae_channels: list[int] = Field([16, 32, 32], description="VAE block widths; len-1 downsamplings (4x: 56 px → 14×14 latents, cheap on CPU).")
+    vae_channels: list[int] = Field([16, 32, 32], description="VAE block widths; len-1 downsamplings (4x: 56 px → "
+                                    "14×14 latents, cheap on CPU).")
     clip_hidden: int = Field(32, description="Width of each of SDXL's two tiny CLIP text encoders.")
 
 

@@ -35,7 +35,8 @@ def test_models_build_lists_three_checkpoints(cfg, zoo):
 def test_only_real_commands_exist():
     result = runner.invoke(app, ["--help"])
     commands = {c.name for c in app.registered_commands} | {g.name for g in app.registered_groups}
-    assert commands == {"run", "eval", "report", "data", "prune", "smoke", "models", "config", "train", "serve", "schedule"}
+    assert commands == {"run", "eval", "report", "data", "prune", "smoke", "models", "config", "train", "serve",
+                        "schedule"}
     assert result.exit_code == 0
 
 

@@ -154,7 +154,8 @@ BAD_CASES = [
     ("prompt", prompt(meta="{not json"), "meta", "meta: invalid JSON"),
     ("prompt", prompt(prompt_id="pr_made_up"), "prompt_id", "does not match the content hash"),
     ("prompt", "not a row", "row", "row: expected dict, got str"),
-    ("judgment", judgment(parse_error="no rating found"), "parse_error", "both a parse_error and a parsed value (score)"),
+    ("judgment", judgment(parse_error="no rating found"), "parse_error",
+     "both a parse_error and a parsed value (score)"),
     ("judgment", judgment(score=None), "parse_error", "neither a parsed value"),
     ("judgment", judgment(protocol="pairwise"), "candidate_ids", "pairwise needs 2 distinct ids, got 1"),
     ("judgment", judgment(score=float("inf")), "score", "score: non-finite value inf"),
@@ -252,7 +253,8 @@ def test_round_trip(tmp_path):
 
 
 def test_write_is_deterministic(tmp_path):
-    a, b = write(tmp_path / "a", rows=[prompt(), prompt(query=1)]), write(tmp_path / "b", rows=[prompt(), prompt(query=1)])
+    a, b = (write(tmp_path / "a", rows=[prompt(), prompt(query=1)]),
+            write(tmp_path / "b", rows=[prompt(), prompt(query=1)]))
     for name in ("data.parquet", "quarantine.parquet"):
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
     assert a.model_dump(exclude={"path", "created_at"}) == b.model_dump(exclude={"path", "created_at"})
@@ -329,7 +331,8 @@ def test_quarantine_file_written_and_raw_recoverable(tmp_path):
 def test_manifest_written_last(tmp_path, monkeypatch):
     written = []
     real = storage.write_bytes
-    monkeypatch.setattr(storage, "write_bytes", lambda uri, data: (written.append(os.path.basename(uri)), real(uri, data)))
+    monkeypatch.setattr(storage, "write_bytes",
+                        lambda uri, data: (written.append(os.path.basename(uri)), real(uri, data)))
     write(tmp_path / "ds", rows=[prompt(), prompt(task="x")])
     assert written == ["data.parquet", "quarantine.parquet", "manifest.json"]
 

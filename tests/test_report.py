@@ -53,7 +53,8 @@ def _iteration(tracker: Tracker, n: int, ranking: float | None, promoted: bool =
                               "generator": {"before": {"score10": 4.4}, "after": {"score10": 4.38}}}
             # two LLaVA methods: one refused by its training, the other gated (and kept out)
             res.decisions = [_decision("judge", promoted), _decision("policy-llava", False, "refused by its training"),
-                             _decision("policy-llava", False), _decision("policy-sdxl", False, "refused by its training")]
+                             _decision("policy-llava", False),
+                             _decision("policy-sdxl", False, "refused by its training")]
             if n == 0:  # only refused updates: nothing was evaluated downstream; the SDXL's waits for pairs
                 res.downstream = {}
                 res.decisions = res.decisions[:2]

@@ -58,11 +58,11 @@ def _iteration(cfg, n: int, *, policy=POLICY, decisions=(), finished=True, run_i
 
 @pytest.fixture
 def store(tmp_path, request):
-    """Iterations 0-5 and the gold sets, on local storage (or, parametrized "s3" or "gcs", in an S3 or a GCS bucket). 0-4 finished: 2 tried a LLaVA update (its pool ended there), 3 and 4 did
-    not and 5 (unfinished) started from the same LLaVA, so their pairs wait in its pool. The gold sets come from
-    iteration 0's prompts, named by a path in a bucket the store has moved from: the path below the root matches.
-    Iteration 4's pooled pairs were made from iteration 1's pairs. Iteration 2 holds an attempt that never wrote
-    its manifest."""
+    """Iterations 0-5 and the gold sets, on local storage (or, parametrized "s3" or "gcs", in an S3 or a GCS bucket).
+    0-4 finished: 2 tried a LLaVA update (its pool ended there), 3 and 4 did not and 5 (unfinished) started from the
+    same LLaVA, so their pairs wait in its pool. The gold sets come from iteration 0's prompts, named by a path in a
+    bucket the store has moved from: the path below the root matches. Iteration 4's pooled pairs were made from
+    iteration 1's pairs. Iteration 2 holds an attempt that never wrote its manifest."""
     bucket = {"s3": "s3_bucket", "gcs": "gcs_bucket"}.get(getattr(request, "param", "local"))
     root = f"{request.getfixturevalue(bucket)}/{tmp_path.name}" if bucket else None
     cfg = load_config(None, [f"run.workdir={tmp_path}/wd", *([f"storage.uri={root}"] if root else [])])

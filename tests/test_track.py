@@ -60,7 +60,8 @@ def test_second_tracker_reuses_the_experiment(tracked_cfg):
 
 
 def test_flatten():
-    assert flatten({"a": {"b": 1, "c": [1, 2]}, "d": "x", "e": {}}) == {"a.b": "1", "a.c": "[1, 2]", "d": "x", "e": "{}"}
+    assert (flatten({"a": {"b": 1, "c": [1, 2]}, "d": "x", "e": {}})
+            == {"a.b": "1", "a.c": "[1, 2]", "d": "x", "e": "{}"})
 
 
 def test_code_version_comes_from_the_submitter_inside_a_job(monkeypatch):

@@ -81,7 +81,8 @@ def parse_labeled(text: str, split: str = "id-test") -> tuple[list[dict], list[s
                 gold = float(score)
             elif kind == "pairwise":
                 if obj.get("winner") not in ("A", "B"):
-                    raise ValueError(f"line {n}: winner must be 'A' or 'B' (ties are not gold), got {obj.get('winner')!r}")
+                    raise ValueError(f"line {n}: winner must be 'A' or 'B' (ties are not gold), "
+                                     f"got {obj.get('winner')!r}")
                 # index 0 for every output: the same output of a prompt is one candidate wherever it appears
                 cands = [_record("candidate", obj.get(f"response_{s}"), f"line {n}: response_{s}",
                                  prompt_id=prompt["prompt_id"], index=0) for s in "ab"]

@@ -10,9 +10,9 @@ image_swap: the images of a gold item are replaced by the images of another gold
   question answered on it - so the oracle teacher, judging from `meta`, judges the perturbed content; a donor on
   which the question cannot be posed (no single circle to ask the colour of) is not drawn.
 span_swap: 25% of the word spans of a text output are replaced by words drawn at random from the vocabulary of
-  other prompts' gold text outputs (each distinct word equally likely); the judge's score of the perturbed response is compared with its own score of the
-  original (Minos: 71% scored lower). A judgment that fails (unparsed or missing) is counted as such, never
-  imputed a score.
+  other prompts' gold text outputs (each distinct word equally likely); the judge's score of the perturbed
+  response is compared with its own score of the original (Minos: 71% scored lower). A judgment that fails
+  (unparsed or missing) is counted as such, never imputed a score.
 
 Everything is deterministic for (seed, gold set): each draw comes from a stream seeded by the seed, the check and
 the id of what is perturbed. Perturbed records are copies with new content-hash ids; candidates' `producer` gets

@@ -209,7 +209,8 @@ def build_judge(z: ZooConfig, out: Path) -> None:
         text_config=dict(
             vocab_size=len(tok), hidden_size=hidden, intermediate_size=2 * hidden,
             num_hidden_layers=z.judge_text_layers or z.text_layers, num_attention_heads=z.text_heads,
-            num_key_value_heads=z.text_heads, max_position_embeddings=4096, rope_scaling={"type": "mrope", "mrope_section": mrope},
+            num_key_value_heads=z.text_heads, max_position_embeddings=4096,
+            rope_scaling={"type": "mrope", "mrope_section": mrope},
             tie_word_embeddings=True, bos_token_id=None, eos_token_id=ids["<|im_end|>"],
             pad_token_id=ids["<|endoftext|>"],
         ),

@@ -233,7 +233,8 @@ class JudgmentsCore:
     # ---- single-step protocols
     def _pointwise(self, i, p, c, k, out) -> Item:
         try:
-            req = self._with(pt.build(p, c, style=self.style), protocol="pointwise", prompt=p, candidates=[c], sample_k=k)
+            req = self._with(pt.build(p, c, style=self.style), protocol="pointwise", prompt=p, candidates=[c],
+                             sample_k=k)
         except (ValueError, TypeError) as e:
             self._reject(out, i, p, [c], "pointwise", k, f"cannot build the request: {e}")
             return []

@@ -16,8 +16,8 @@ train_app = typer.Typer(help="Train the judge (SFT, DPO) and the policies (LLaVA
 DataOpt = Annotated[str, typer.Option("--data", "-d", help="URI of the training dataset (record kind sft for "
                                       "judge-sft, dpo for judge-dpo/policy-dpo, image_pref for diffusion-dpo).")]
 BaseOpt = Annotated[str | None, typer.Option(
-    "--base", help="Model to start from: zoo:<name>, a path, a hub id, models:/<name>/<version> or models:/<name>@<alias>. "
-    "Default: the configured model; for judge-dpo the newest judge version made by judge-sft.")]
+    "--base", help="Model to start from: zoo:<name>, a path, a hub id, models:/<name>/<version> or "
+    "models:/<name>@<alias>. Default: the configured model; for judge-dpo the newest judge version made by judge-sft.")]
 IterOpt = Annotated[int, typer.Option("--iteration", help="Flywheel iteration the MLflow parent run is tagged "
                                       "with (when run outside an iteration).")]
 FreshOpt = Annotated[bool, typer.Option("--fresh", help="Start a new run even if the same training is "

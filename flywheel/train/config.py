@@ -71,8 +71,8 @@ class HeldoutConfig(StrictModel):
     items: int = Field(48, ge=1, description="Held-out items per evaluation (spread evenly over question types / "
                        "prompt kinds / gold protocols).")
     target: str = Field("accuracy", description="Held-out measure kept best and early-stopped on (see "
-                        "target_mode): text policy `accuracy` (or `accuracy/caption`, `caption_recall`, ...), generator "
-                        "`score10`, judge `pairwise/accuracy` or `pointwise/accuracy`; with `judge` set, "
+                        "target_mode): text policy `accuracy` (or `accuracy/caption`, `caption_recall`, ...), "
+                        "generator `score10`, judge `pairwise/accuracy` or `pointwise/accuracy`; with `judge` set, "
                         "`judge/pointwise/score` (the judge's mean rating). Training-pair reward "
                         "accuracy is never a target: it rises while a run over-optimises.")
     target_mode: Literal["max", "min"] = Field("max", description="max: a higher target is better; min: lower "

@@ -255,7 +255,8 @@ class PairOrder:
         return [int(i) for i in mine[k * self.bs:(k + 1) * self.bs]]
 
     def generator(self, b: int) -> torch.Generator:
-        return torch.Generator().manual_seed(int(np.random.SeedSequence([self.seed, b, self.rank]).generate_state(1)[0]))
+        return torch.Generator().manual_seed(
+            int(np.random.SeedSequence([self.seed, b, self.rank]).generate_state(1)[0]))
 
 
 def total_steps(settings, order: PairOrder) -> int:

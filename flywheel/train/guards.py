@@ -19,7 +19,8 @@ __all__ = ["NonFiniteGuard", "NonFiniteLossError", "any_rank", "check_step", "gr
 
 
 def _world() -> int:
-    return torch.distributed.get_world_size() if torch.distributed.is_available() and torch.distributed.is_initialized() else 1
+    return (torch.distributed.get_world_size()
+            if torch.distributed.is_available() and torch.distributed.is_initialized() else 1)
 
 
 def any_rank(flag: bool) -> bool:

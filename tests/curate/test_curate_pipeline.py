@@ -50,8 +50,10 @@ def test_judge_data_end_to_end():
     assert [r["sft_id"] for r in again.sft] == [r["sft_id"] for r in out.sft]
     assert [r["dpo_id"] for r in again.dpo] == [r["dpo_id"] for r in out.dpo]
     weighted = curate_judge_data(rows, [p, t], cands + [img], CurateConfig(
-        score_balance=ScoreBalanceConfig(method="none"), protocol_weights=ProtocolWeightsConfig(weights={"pointwise": 2})))
-    assert Counter(r["protocol"] for r in weighted.sft) == Counter(r["protocol"] for r in out.sft) + Counter(pointwise=4)
+        score_balance=ScoreBalanceConfig(method="none"),
+        protocol_weights=ProtocolWeightsConfig(weights={"pointwise": 2})))
+    assert (Counter(r["protocol"] for r in weighted.sft)
+            == Counter(r["protocol"] for r in out.sft) + Counter(pointwise=4))
     m = metrics(out.reports)
     assert m["curate.consistency.rows_in"] == len(rows) and m["curate.swap_consistency.dropped.position_inconsistent"]
     assert all(isinstance(v, float) for v in m.values())

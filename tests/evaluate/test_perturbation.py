@@ -42,7 +42,8 @@ def perturbed(gold_set):
 
 
 def _judge(c, tmp, gold_set, ps, engine) -> dict[str, float]:
-    """What meta.write_perturbed, judge_parts and score_perturbed do, with the core called directly instead of through a Ray stage."""
+    """What meta.write_perturbed, judge_parts and score_perturbed do, with the core called directly instead of
+    through a Ray stage."""
     _, gold, prompts, cands = gold_set
     write_dataset(str(tmp / "p"), "prompt", [*prompts.values(), *ps.prompts], config_hash="t", producer="test")
     write_dataset(str(tmp / "c"), "candidate", [*cands.values(), *ps.candidates], config_hash="t", producer="test")
@@ -186,7 +187,8 @@ def test_image_swap_scores_correlate_with_the_original_gold_and_report_the_drop(
 def test_oracle_collapses_on_swapped_images_and_scores_replaced_spans_lower(gold_set, perturbed, tmp_path):
     c = gold_set[0]
     m = _judge(c, tmp_path, gold_set, perturbed, gold_engine(c.world.shapes))
-    assert m["image_swap/unperturbed/pointwise/kendall_tau_b"] == pytest.approx(1.0)  # scipy sums floats: 1 - 1e-16 is a perfect order
+    # scipy sums floats: 1 - 1e-16 is a perfect order
+    assert m["image_swap/unperturbed/pointwise/kendall_tau_b"] == pytest.approx(1.0)
     assert m["image_swap/pointwise/parse_failure_rate"] == 0.0
     assert m["image_swap/pointwise/kendall_tau_b"] < 0.4 and m["image_swap/drop/kendall_tau_b"] > 0.6
     for slot in ("input", "output"):

@@ -16,7 +16,8 @@ def test_a_formatted_list_parses_back_to_its_claims():
 @pytest.mark.parametrize("raw", [
     "Claims:\n1. a red circle\n2) a blue square",
     "Claims:\n* a red circle\n\u2022 a blue square",
-    "The text names two shapes.\nClaims:\n- a red circle\n- a blue square\nThat is all.",  # thought first, a remark after
+    # thought first, a remark after
+    "The text names two shapes.\nClaims:\n- a red circle\n- a blue square\nThat is all.",
     "Claims:\n- old\nClaims:\n- a red circle\n- a blue square",  # the last block is the answer
     "Claims:\n- a red circle\n- a red circle\n- a blue square",  # a repeated claim is one claim (one check)
 ])

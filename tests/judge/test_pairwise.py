@@ -53,7 +53,8 @@ def test_the_reference_guides_a_task_aspect_after_the_query(imgs, tree):
             "###Response A###\n") in checked(req)
     compact = pw.build(p, a, b, style="compact")
     assert compact.images == [imgs[4], imgs[1], imgs[2]]
-    assert "Query: Draw a red circle.\nReference: A red circle.\nReference image: <image>\nA: Image: " in checked(compact)
+    assert ("Query: Draw a red circle.\nReference: A red circle.\nReference image: <image>\n"
+            "A: Image: ") in checked(compact)
     for off in (pw.build(p, a, b, style="compact", use_reference=False), pw.build(p, a, b, tree.aspects["sharpness"])):
         assert "Reference" not in checked(off) and off.images == [imgs[1], imgs[2]]  # not asked / universal aspect
 

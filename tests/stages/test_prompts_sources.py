@@ -68,8 +68,8 @@ def test_a_prompt_file_edited_in_place_is_read_again(tmp_path):
     path = _file(tmp_path)
     c = load_config(None, [f"run.workdir={tmp_path}", "prompts.oracle_world=false", "teacher.engine=http",
                            f"prompts.sources=[{{type: jsonl, path: {path}}}]", "world.gold.splits=[id-test]",
-                           f"meta_eval.gold_files={{id-test: {tmp_path / 'gold.jsonl'}}}", "train.judge_dpo.heldout=null",
-                           f"preferences.sources=[{{type: jsonl, path: {path}}}]",
+                           f"meta_eval.gold_files={{id-test: {tmp_path / 'gold.jsonl'}}}",
+                           "train.judge_dpo.heldout=null", f"preferences.sources=[{{type: jsonl, path: {path}}}]",
                            "preferences.subtasks=[summarization, text_to_image]", *REAL])
     assert prompts.run(c, str(tmp_path / "p")).manifest.row_count == 13
     assert prompts.run(c, str(tmp_path / "p")).skipped

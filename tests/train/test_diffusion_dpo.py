@@ -67,9 +67,9 @@ def test_swap_flips_the_unet_gradient_at_the_reference(parts):
     pairs' gradient is exactly the negative of the original's."""
     batch = D.pair_batch(validate("image_pref", image_pref_records(2, size=56))[0], parts.resolution)
     latents = D.encode_pairs(parts, batch["pixels"], torch.Generator().manual_seed(3))
-    w, l = latents.chunk(2)
+    chosen, rejected = latents.chunk(2)
     g, loss, stats = _grads(parts, latents, batch)
-    g_swapped, _, _ = _grads(parts, torch.cat([l, w]), batch)
+    g_swapped, _, _ = _grads(parts, torch.cat([rejected, chosen]), batch)
     assert loss.item() == pytest.approx(math.log(2), abs=1e-5) and stats["implicit_acc"].item() == 0.5
     assert g.abs().sum() > 0
     assert torch.nn.functional.cosine_similarity(g, g_swapped, dim=0).item() == pytest.approx(-1.0, abs=1e-6)

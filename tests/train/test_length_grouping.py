@@ -68,8 +68,8 @@ def test_order_is_seeded_per_epoch_and_pads_less_than_random():
 
 def _trainer(zoo, cfg, tmp_path, group: bool):
     model, processor = hf.load_vlm(str(zoo["judge"]))
-    settings = cfg.train.resolved("judge_sft").model_copy(update={"group_by_length": group, "batch_size": 2, "micro_batches": 1,
-                                                                  "max_steps": 1})
+    settings = cfg.train.resolved("judge_sft").model_copy(update={"group_by_length": group, "batch_size": 2,
+                                                                  "micro_batches": 1, "max_steps": 1})
     ds = _dataset([_row("q" * (i * 7), 1 + i % 2) for i in range(8)])
     return sft.build_trainer(model, processor, ds, settings, str(tmp_path), seed=3)
 

@@ -42,8 +42,8 @@ def _image_tokens(batch, processor) -> int:
 
 
 def _settings(cfg, training):
-    return cfg.train.resolved(training).model_copy(update={"max_steps": 1, "batch_size": 1, "micro_batches": 1, "logging_steps": 1,
-                                                           "save_steps": 1000})
+    return cfg.train.resolved(training).model_copy(update={"max_steps": 1, "batch_size": 1, "micro_batches": 1,
+                                                           "logging_steps": 1, "save_steps": 1000})
 
 
 def test_long_dpo_sample_keeps_its_image_tokens_and_trains(judge, cfg, tmp_path):

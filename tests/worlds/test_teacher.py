@@ -89,7 +89,8 @@ def test_gold_agrees_with_the_checkers(prompts):
     j = pt.parse(t.answer(make_context("pointwise", p, [right])))
     assert j.rating == 5
     j = pt.parse(t.answer(make_context("pointwise", p, [wrong])))
-    assert j.rating == 1 and j.analysis == f"The {q['shape']} is {q['answer']}. The answer says {other}, which differs, so it is wrong."
+    assert j.rating == 1 and j.analysis == (f"The {q['shape']} is {q['answer']}. "
+                                            f"The answer says {other}, which differs, so it is wrong.")
     for order, shown, winner in (("AB", [wrong, right], "B"), ("BA", [right, wrong], "A")):
         v = pw.parse(t.answer(make_context("pairwise", p, shown, order=order)))
         assert v.verdict == winner and "Response" in v.analysis
