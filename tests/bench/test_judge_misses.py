@@ -27,5 +27,10 @@ def test_misses_are_counted_per_kind_of_pair_for_judge_and_teacher(tmp_path):
     assert rows == {("iu_count", "correct", "blur"): {"n": 3, "judge": 2, "teacher": 0},
                     ("iu_count", "correct", "wrong_colour"): {"n": 2, "judge": 0, "teacher": 1},
                     ("iu_count", "extra", "missing"): {"n": 1, "judge": 1, "teacher": 1}}
+    # a variant's misses summed over its pairs, either side: the pair of two variants counts under both
+    assert bench.by_variant(rows) == {"blur": {"n": 3, "judge": 2, "teacher": 0},
+                                      "extra": {"n": 1, "judge": 1, "teacher": 1},
+                                      "missing": {"n": 1, "judge": 1, "teacher": 1},
+                                      "wrong_colour": {"n": 2, "judge": 0, "teacher": 1}}
     with pytest.raises(SystemExit, match="iteration 7: cannot read the meta-eval"):
         bench.outcomes(cfg, paths(cfg, 7)["meta-eval"], metric, "iteration 7")
