@@ -62,6 +62,19 @@ def averaged(samples: list[list[dict]]) -> list[dict]:
     return out
 
 
+def by_subtask(keys: list[str], greedy: dict[str, bool], mean: dict[str, bool], gold: list[dict],
+               prompts: dict[str, dict]) -> dict[str, tuple[list[bool], list[bool]]]:
+    """Sub-task -> the greedy and mean-of-k outcomes of its gold pairs (keyed by gold judgment id): where sampling
+    gains or loses pairs."""
+    subtask = {g["judgment_id"]: prompts[g["prompt_id"]]["subtask"] for g in gold}
+    out: dict[str, tuple[list[bool], list[bool]]] = defaultdict(lambda: ([], []))
+    for k in keys:
+        g, m = out[subtask[k]]
+        g.append(greedy[k])
+        m.append(mean[k])
+    return dict(out)
+
+
 class Reseeded:
     """A text engine whose every call samples from seeds of its own: meta-eval calls generate() with the default
     seed, so each sample would otherwise draw the same analyses."""
@@ -123,6 +136,8 @@ def main() -> None:
         print(f"  {split} ({len(keys)} pairs): greedy {fmean(greedy[k] for k in keys):.3f}, one sample "
               f"{fmean(one.get(k, False) for k in keys):.3f}, mean of {args.samples} "
               f"{fmean(mean[k] for k in keys):.3f} (McNemar mean over greedy {better} / {worse}, p={pv:.3g})")
+        for subtask, (g, m) in sorted(by_subtask(keys, greedy, mean, gold, prompts).items()):
+            print(f"    {subtask} ({len(g)}): greedy {fmean(g):.3f}, mean of {args.samples} {fmean(m):.3f}")
 
 
 if __name__ == "__main__":

@@ -56,3 +56,11 @@ def test_each_sample_draws_from_seeds_of_its_own():
     assert bench.Reseeded(Engine(), 2_000_000).generate(["r"]) == [2_000_000]
     assert bench.Reseeded(Engine(), 2_000_000).generate(["r"], seed=3) == [2_000_003]
     assert bench.Reseeded(Engine(), 5).name == "hf:judge"
+
+
+def test_outcomes_are_split_by_the_sub_task_of_each_gold_pairs_prompt():
+    gold = [{"judgment_id": j, "prompt_id": p} for j, p in (("g1", "p1"), ("g2", "p1"), ("g3", "p2"))]
+    prompts = {"p1": {"subtask": "iu_caption"}, "p2": {"subtask": "ig_single_object"}}
+    greedy, mean = {"g1": True, "g2": False, "g3": True}, {"g1": True, "g2": True, "g3": False}
+    got = bench.by_subtask(["g1", "g2", "g3"], greedy, mean, gold, prompts)
+    assert got == {"iu_caption": ([True, False], [True, True]), "ig_single_object": ([True], [False])}
