@@ -141,6 +141,15 @@ def main() -> None:
         print(f"  {split} ({len(keys)} pairs): greedy {fmean(greedy[k] for k in keys):.3f}, one sample "
               f"{fmean(one.get(k, False) for k in keys):.3f}, mean of {args.samples} "
               f"{fmean(mean[k] for k in keys):.3f} (McNemar mean over greedy {better} / {worse}, p={pv:.3g})")
+        try:  # the teacher the iteration measured on the same gold: how far the mean of k still is from it
+            teacher = meta.stored_outcomes(cfg, p["gold"], p["meta-eval-teacher"], f"{split}/{METRIC}")
+        except meta.OutcomesUnavailable as e:
+            print(f"    (no teacher to compare with: {e})")
+        else:
+            tk = sorted(set(teacher) & set(mean))
+            better, worse, pv = mcnemar({k: mean[k] for k in tk}, {k: teacher[k] for k in tk})
+            print(f"    teacher {fmean(teacher[k] for k in tk):.3f} on {len(tk)} pairs (McNemar mean of "
+                  f"{args.samples} over the teacher {better} / {worse}, p={pv:.3g})")
         for subtask, (g, m) in sorted(by_subtask(keys, greedy, mean, gold, prompts).items()):
             print(f"    {subtask} ({len(g)}): greedy {fmean(g):.3f}, mean of {args.samples} {fmean(m):.3f}")
 
