@@ -4,10 +4,10 @@ samples.) The tiny judge's misses are drawings whose blur or noise it half sees 
 greedy analysis says "sharp" of both candidates, though "blurred" may be likelier for one of them. Averaged over
 sampled analyses, that likelihood reaches the rating.
 
-The loop's stored meta-eval of the iteration (greedy) is the baseline; each sample is the same meta-eval code with
-judge.generation.temperature and a sampling seed of its own, pointwise and claim rows only (what the ranking
-reads), without the perturbation copies. A row's score is the mean of its parsed samples' scores; a row no sample
-parsed stays failed.
+The loop's stored meta-eval of the iteration (greedy) is the baseline; the mean of k is the loop's own meta-eval
+with judge.samples=k at judge.generation.temperature (flywheel/engines/samples.py: each rating request answered k
+times, its score the mean of the samples that parsed; a row no sample parsed stays failed), pointwise and claim
+rows only (what the ranking reads), without the perturbation copies. One sample is each row's first sample.
 
     .venv/bin/python bench/judge_samples.py --run runs/local_claims --iteration 001 --judge models:/judge/2 \
         --config configs/local_claims.yaml [--samples 5] [--temperature 0.7] [--out runs/bench-judge-samples]
@@ -24,47 +24,31 @@ id-test 0.904 against greedy 0.856 (57 / 19, p=7e-6), ood-test 0.841 against 0.7
 from __future__ import annotations
 
 import argparse
+import json
 from collections import defaultdict
-from functools import partial
 from pathlib import Path
 from statistics import fmean
 
 from flywheel import storage
 from flywheel.config import load_config
 from flywheel.datasets import read_dataset
-from flywheel.engines import make_text_engine
 from flywheel.evaluate import meta
 from flywheel.gate import mcnemar
 from flywheel.iteration import paths
-from flywheel.judge import claims
 from flywheel.raycluster import init_ray
 
 METRIC = "all/pointwise_ranking/accuracy"
 
 
-def row_key(row: dict) -> tuple:
-    """What a judged row answers, the same in every sample: its item, order, and for a claim check its claim."""
-    claim = claims.header(row.get("raw_output")) if row["protocol"] == claims.NAME else None
-    return meta.item_key(row) + (row["order"], row["protocol"], claim)
-
-
-def averaged(samples: list[list[dict]]) -> list[dict]:
-    """Each judged row once, its score the mean over the samples that parsed it; a row no sample parsed keeps the
-    first sample's parse error (never a made-up score). Rows are keyed by row_key; the first sample's row is kept
-    for the rest of its fields."""
-    scores: dict[tuple, list[float]] = defaultdict(list)
-    first: dict[tuple, dict] = {}
-    for rows in samples:
-        for r in rows:
-            k = row_key(r)
-            first.setdefault(k, r)
-            if r["parse_error"] is None and r.get("score") is not None:
-                scores[k].append(float(r["score"]))
+def first_sample(rows: list[dict]) -> list[dict]:
+    """The rows as one sample would have scored them: each row's first sample's score (parsed["sample_scores"]),
+    a row whose first sample did not parse a failure."""
     out = []
-    for k, r in first.items():
-        if scores[k]:
-            r = {**r, "score": fmean(scores[k]), "parse_error": None}
-        out.append(r)
+    for r in rows:
+        parsed = json.loads(r["parsed"]) if isinstance(r.get("parsed"), str) else r.get("parsed")  # as stored
+        first = ((parsed or {}).get("sample_scores") or [r.get("score")])[0]
+        out.append({**r, "score": first, "parse_error": r["parse_error"] or (None if first is not None
+                                                                           else "first sample did not parse")})
     return out
 
 
@@ -79,22 +63,6 @@ def by_subtask(keys: list[str], greedy: dict[str, bool], mean: dict[str, bool], 
         g.append(greedy[k])
         m.append(mean[k])
     return dict(out)
-
-
-class Reseeded:
-    """A text engine whose every call samples from seeds of its own: meta-eval calls generate() with the default
-    seed, so each sample would otherwise draw the same analyses."""
-
-    def __init__(self, engine, offset: int):
-        self.engine, self.offset = engine, offset
-        self.name, self.version = engine.name, engine.version
-
-    def generate(self, requests, seed: int = 0):
-        return self.engine.generate(requests, seed=seed + self.offset)
-
-
-def reseeded_judge(cfg, offset: int) -> Reseeded:
-    return Reseeded(make_text_engine(cfg, "judge"), offset)
 
 
 def main() -> None:
@@ -112,31 +80,27 @@ def main() -> None:
     cfg = load_config(args.config, [f"run.workdir={workdir}"])
     n = int(args.iteration)
     p = paths(cfg, n)
-    judge = args.judge
     out = Path(args.out).resolve() / workdir.name / args.iteration
+    scfg = load_config(args.config, [
+        f"run.workdir={workdir}", f"storage.uri={out / 'data'}", f"models.judge.path={args.judge}",
+        f"judge.samples={args.samples}", f"judge.generation.temperature={args.temperature}",
+        "meta_eval.perturbation.enabled=false", "meta_eval.protocols=[pointwise,claims]"])
+    uri = str(out / f"k{args.samples}-t{args.temperature:g}")
     init_ray(cfg)
-    judged: dict[str, list[list[dict]]] = defaultdict(list)
-    for s in range(args.samples):
-        over = [f"run.workdir={workdir}", f"storage.uri={out / 'data'}", f"models.judge.path={judge}",
-                f"judge.generation.temperature={args.temperature}",
-                "meta_eval.perturbation.enabled=false", "meta_eval.protocols=[pointwise,claims]"]
-        scfg = load_config(args.config, over)
-        uri = str(out / f"sample-{s}")
-        print(f"sample {s}: meta-eval of {judge} at temperature {args.temperature} -> {uri}", flush=True)
-        factory = partial(reseeded_judge, scfg, 1_000_000 * (s + 1))
-        meta.run(scfg, p["gold"], uri, engine_factory=factory)  # skips what is judged
-        for split in meta.SPLITS:
-            if storage.exists(storage.join(uri, split, "manifest.json")):
-                judged[split].append(read_dataset(storage.join(uri, split))[0].to_pylist())
+    print(f"meta-eval of {args.judge}, {args.samples} samples at temperature {args.temperature} -> {uri}", flush=True)
+    meta.run(scfg, p["gold"], uri)  # skips what is judged
 
     split_cfg = cfg.world.suites.split
     unseen, ood = set(split_cfg.ood_aspects), set(split_cfg.ood_subtasks)
     print(f"\n{workdir.name} iteration {n}: {args.samples} samples at temperature {args.temperature} ({METRIC})")
-    for split, samples in judged.items():
+    for split in meta.SPLITS:
+        if not storage.exists(storage.join(uri, split, "manifest.json")):
+            continue
+        rows = read_dataset(storage.join(uri, split))[0].to_pylist()
         gold, prompts = meta.read_gold(storage.join(p["gold"], split))
         greedy = meta.stored_outcomes(cfg, p["gold"], p["meta-eval"], f"{split}/{METRIC}")
-        mean = meta.pair_outcomes(METRIC, gold, averaged(samples), prompts, unseen, ood)
-        one = meta.pair_outcomes(METRIC, gold, samples[0], prompts, unseen, ood)
+        mean = meta.pair_outcomes(METRIC, gold, rows, prompts, unseen, ood)
+        one = meta.pair_outcomes(METRIC, gold, first_sample(rows), prompts, unseen, ood)
         keys = sorted(set(greedy) & set(mean))
         better, worse, pv = mcnemar(mean, greedy)  # on the pairs both were scored on (keys)
         print(f"  {split} ({len(keys)} pairs): greedy {fmean(greedy[k] for k in keys):.3f}, one sample "

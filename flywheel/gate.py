@@ -97,6 +97,17 @@ class MetaEval:
 
 
 META_EVAL_TAG, GOLD_TAG = "flywheel.gate.meta_eval_uri", "flywheel.gate.gold_uri"
+SCORING_TAG = "flywheel.gate.judge_scoring"
+
+
+def judge_scoring(cfg: Config) -> str:
+    """How meta-eval reads a judge into numbers: its samples per rating, decoding, readout, request style and the
+    protocols asked. Two judges scored differently (one by the mean of 20 sampled analyses, one greedily) are not
+    compared: the champion is measured again the challenger's way (measured_on)."""
+    return json.dumps({"samples": cfg.judge.samples, "rating_readout": cfg.judge.rating_readout,
+                       "prompt_style": cfg.judge.prompt_style, "protocols": sorted(cfg.meta_eval.protocols),
+                       "generation": cfg.judge.generation.model_dump(mode="json", exclude={"batch_size"})},
+                      sort_keys=True)
 
 
 def record_meta_eval(cfg: Config, uri: str, where: MetaEval) -> None:
@@ -104,6 +115,7 @@ def record_meta_eval(cfg: Config, uri: str, where: MetaEval) -> None:
     c = registry.client(cfg)
     c.set_model_version_tag(mv.name, mv.version, META_EVAL_TAG, where.output_uri)
     c.set_model_version_tag(mv.name, mv.version, GOLD_TAG, where.gold_uri)
+    c.set_model_version_tag(mv.name, mv.version, SCORING_TAG, judge_scoring(cfg))
 
 
 def recorded_meta_eval(cfg: Config, uri: str) -> MetaEval | None:
@@ -114,13 +126,16 @@ def recorded_meta_eval(cfg: Config, uri: str) -> MetaEval | None:
 
 
 def measured_on(cfg: Config, uri: str, metric: str, gold_uri: str) -> bool:
-    """Whether `uri`'s recorded value of `metric` was measured on the gold now at `gold_uri`, its meta-eval still
-    there to test it pair by pair: recorded against that gold, its rows kept, and (a per-pair accuracy) giving the
-    recorded value."""
+    """Whether `uri`'s recorded value of `metric` was measured on the gold now at `gold_uri` and scored as `cfg`
+    scores a judge now (judge_scoring; a version recorded before scorings were recorded counts as scored so), its
+    meta-eval still there to test it pair by pair: recorded against that gold, its rows kept, and (a per-pair
+    accuracy) giving the recorded value."""
     from flywheel.evaluate import meta
 
     value, where = recorded(cfg, uri, metric), recorded_meta_eval(cfg, uri)
     if value is None or where is None or where.gold_uri != gold_uri:
+        return False
+    if registry.get_version(cfg, uri).tags.get(SCORING_TAG, judge_scoring(cfg)) != judge_scoring(cfg):
         return False
     try:
         if _per_pair(metric):

@@ -179,7 +179,7 @@ def _run_iteration(cfg: Config, n: int, tracker: Tracker | None) -> IterationRes
                                                    tracker=tracker)
             if cfg.gate.judge_baseline and not judge0.startswith("models:/"):  # iteration 0: the base stands in
                 res.meta_eval["baseline"] = meta.run(start, p["gold"], p["meta-eval-baseline"])
-            elif (champion := _champion_on_other_gold(cfg, p["gold"])) is not None:
+            elif (champion := _champion_to_measure_again(cfg, p["gold"])) is not None:
                 res.meta_eval["champion"] = _measure_again(cfg, champion, p)
             # The bar the flywheel aims at: the noisy teacher's own agreement with gold, on the same items.
             res.meta_eval["teacher"] = meta.run(start, p["gold"], p["meta-eval-teacher"], role="teacher")
@@ -259,10 +259,12 @@ def gate_judge(cfg: Config, judge_new: str, judge0: str, meta_eval: dict[str, di
     return decision
 
 
-def _champion_on_other_gold(cfg: Config, gold_uri: str) -> str | None:
-    """The judge champion, if its recorded meta-eval cannot be tested against the gold now in use: the gold
-    changed since it was promoted (world.gold or meta_eval.gold_files edited, a user's labels added) or its rows
-    are gone. Its recorded value measured something else, so it is measured again beside the challenger."""
+def _champion_to_measure_again(cfg: Config, gold_uri: str) -> str | None:
+    """The judge champion, if its recorded meta-eval cannot be tested against the gold now in use the way judges
+    are scored now: the gold changed since it was promoted (world.gold or meta_eval.gold_files edited, a user's
+    labels added), its rows are gone, or the judge's scoring changed (judge.samples, its decoding or readout:
+    gate.judge_scoring). Its recorded value measured something else, so it is measured again beside the
+    challenger."""
     champion = gate.champion_of(cfg, cfg.train.registry.judge)
     if champion is None or gate.measured_on(cfg, champion, cfg.gate.judge_metric, gold_uri):
         return None
@@ -274,8 +276,9 @@ def _measure_again(cfg: Config, champion: str, p: dict) -> dict:
     model), recorded on its version so the gate and its guards compare both judges on the same pairs."""
     from flywheel.evaluate import meta
 
-    log.info("judge champion %s: its recorded meta-eval was not against the gold at %s (changed since, or gone); "
-             "measuring it again there", champion, p["gold"])
+    log.info("judge champion %s: its recorded meta-eval was not against the gold at %s as judges are scored now "
+             "(the gold or the judge's scoring changed since, or its rows are gone); measuring it again there",
+             champion, p["gold"])
     results = meta.run(with_models(cfg, judge=champion), p["gold"], p["meta-eval-baseline"])
     values = {m: _metric(results, m) for m in [cfg.gate.judge_metric, *cfg.gate.judge_guards]}
     gate.remeasured(cfg, champion, {m: v for m, v in values.items() if m == cfg.gate.judge_metric or

@@ -298,25 +298,44 @@ def test_a_champion_judged_on_other_gold_is_measured_again_and_the_gate_tests_bo
     """The gold changed after the champion was promoted (world.gold edited, a user's labels added): the iteration
     measures the champion again on the new gold and records it on its version, so the gate compares the two
     judges on the same pairs (McNemar) instead of a value from the old gold against one from the new."""
-    from flywheel.iteration import _champion_on_other_gold
+    from flywheel.iteration import _champion_to_measure_again
 
     uri, ids = gold
     old_right, _ = _outcomes(ids, both=180, only_challenger=0, only_champion=0)  # 0.891 on the old gold
     where1, value1 = _meta_eval(tmp_path, "me-1", uri, old_right)
     v1 = _version(cfg)
     _judge_gate(cfg, v1, value1, where1, baseline=("world:judge", 0.0, None))
-    assert gate.measured_on(cfg, v1, METRIC, uri) and _champion_on_other_gold(cfg, uri) is None
+    assert gate.measured_on(cfg, v1, METRIC, uri) and _champion_to_measure_again(cfg, uri) is None
     new_ids = write_gold(uri, N, seed=1)  # harder gold: the champion gets fewer of its pairs right
-    assert not gate.measured_on(cfg, v1, METRIC, uri) and _champion_on_other_gold(cfg, uri) == v1
+    assert not gate.measured_on(cfg, v1, METRIC, uri) and _champion_to_measure_again(cfg, uri) == v1
     challenger, champion = _outcomes(new_ids, both=120, only_challenger=12, only_champion=10)  # 0.653 vs 0.644
     assert sum(challenger.values()) / N < value1  # below the champion's old-gold value: the margin would refuse
     again, again_value = _meta_eval(tmp_path, "me-1-again", uri, champion)
     gate.remeasured(cfg, v1, {METRIC: again_value}, again)
-    assert gate.recorded(cfg, v1, METRIC) == pytest.approx(again_value) and _champion_on_other_gold(cfg, uri) is None
+    assert gate.recorded(cfg, v1, METRIC) == pytest.approx(again_value) and _champion_to_measure_again(cfg, uri) is None
     where2, value2 = _meta_eval(tmp_path, "me-2", uri, challenger)
     d = _judge_gate(cfg, _version(cfg), value2, where2, alpha=None)
     assert d.champion == v1 and d.champion_value == pytest.approx(again_value)
     assert (d.test, d.better, d.worse) == ("McNemar", 12, 10) and d.promoted  # the margin alone, on the same gold
+
+
+def test_a_champion_scored_another_way_is_measured_again(cfg, gold, tmp_path):
+    """judge.samples turned on after the champion was promoted greedily: its recorded value was read one way and
+    the challenger's would be read another (the mean of k sampled analyses), so the champion is measured again
+    the challenger's way; a version recorded before scorings were recorded counts as scored the current way."""
+    from flywheel.iteration import _champion_to_measure_again
+
+    uri, ids = gold
+    where, value = _meta_eval(tmp_path, "me-1", uri, _outcomes(ids, both=180, only_challenger=0, only_champion=0)[0])
+    v1 = _version(cfg)
+    _judge_gate(cfg, v1, value, where, baseline=("world:judge", 0.0, None))
+    assert gate.measured_on(cfg, v1, METRIC, uri)
+    sampled = cfg.model_copy(deep=True)
+    sampled.judge.generation.temperature, sampled.judge.samples = 0.7, 20  # (validated one at a time)
+    assert not gate.measured_on(sampled, v1, METRIC, uri) and _champion_to_measure_again(sampled, uri) == v1
+    mv = registry.get_version(cfg, v1)
+    registry.client(cfg).delete_model_version_tag(mv.name, mv.version, gate.SCORING_TAG)  # an older version
+    assert gate.measured_on(sampled, v1, METRIC, uri)
 
 
 def test_a_metric_that_is_not_a_per_pair_accuracy_is_gated_by_the_margin_and_its_gold_still_checked(

@@ -14,9 +14,19 @@ __all__ = ["ImageEngine", "ImageRequest", "ImageResult", "TextEngine", "TextRequ
 
 def make_text_engine(cfg: Config, role: str) -> TextEngine:
     """role: judge | policy | teacher. The `oracle` backend (the oracle world's teacher, configured by the
-    `teacher` section) answers judge requests from their context, for the teacher or the judge role."""
+    `teacher` section) answers judge requests from their context, for the teacher or the judge role. The judge
+    answers each rating request judge.samples times (flywheel/engines/samples.py)."""
     if role not in ("judge", "policy", "teacher"):
         raise ValueError(f"role must be 'judge', 'policy' or 'teacher', got {role!r}")
+    engine = _backend(cfg, role)
+    if role == "judge" and cfg.judge.samples > 1:
+        from flywheel.engines.samples import SampledTextEngine
+
+        return SampledTextEngine(engine, cfg.judge.samples)
+    return engine
+
+
+def _backend(cfg: Config, role: str) -> TextEngine:
     section = getattr(cfg, role)
     if section.engine == "oracle":
         if role == "policy":

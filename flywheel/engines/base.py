@@ -50,6 +50,9 @@ class TextResult:
     completion_tokens: int = 0
     # Per generated token, when the engine was asked for `generation.top_logprobs` > 0 and can give them.
     logprobs: list[TokenLogprobs] | None = None
+    # Every sampled answer to the request, this one first, when the judge draws several (judge.samples,
+    # flywheel/engines/samples.py); the judge protocols' result_fields read a rating from all of them.
+    samples: list[TextResult] | None = None
 
     @property
     def ok(self) -> bool:
@@ -74,6 +77,11 @@ class ImageResult:
         return self.error is None
 
 
+# Sample s of k draws with seed + s * SEED_STRIDE (TextEngine.sample): far apart, so no sample repeats another call's
+# seeds (engines that seed each request from the call's seed add the request's index, e.g. the HTTP engine's seed + i).
+SEED_STRIDE = 1_000_003
+
+
 class TextEngine(ABC):
     """Generates text from multimodal chat requests."""
 
@@ -82,6 +90,16 @@ class TextEngine(ABC):
 
     @abstractmethod
     def generate(self, requests: Sequence[TextRequest], seed: int = 0) -> list[TextResult]: ...
+
+    def sample(self, requests: Sequence[TextRequest], seed: int, k: int) -> list[list[TextResult]]:
+        """k sampled answers to each request ([request][sample]): here k calls, the first with `seed` (so the first
+        answer is generate's) and each other with a seed of its own; an engine that can draw k at once overrides
+        it (the HTTP engine asks for OpenAI's `n` choices)."""
+        draws = [self.generate(requests, seed=seed + s * SEED_STRIDE) for s in range(k)]
+        for d in draws:
+            if len(d) != len(requests):
+                raise RuntimeError(f"engine returned {len(d)} results for {len(requests)} requests")
+        return [list(x) for x in zip(*draws, strict=True)]
 
     def counters(self) -> dict[str, float]:
         """Cumulative counters of this engine's work that add up across calls and processes (an HTTP engine's

@@ -141,6 +141,10 @@ class HTTPTextEngine(TextEngine):
     # ------------------------------------------------------------------ public API
     def generate(self, requests: Sequence[TextRequest], seed: int = 0) -> list[TextResult]:
         """Blocking; safe to call from a thread that runs an event loop (it then runs in a helper thread)."""
+        return self._blocking(self.agenerate(requests, seed))
+
+    @staticmethod
+    def _blocking(coro):
         try:
             asyncio.get_running_loop()
         except RuntimeError:  # no loop here; run one outside this handler, or its error chains to "no running loop"
@@ -148,11 +152,19 @@ class HTTPTextEngine(TextEngine):
         else:
             in_loop = True
         if not in_loop:
-            return asyncio.run(self.agenerate(requests, seed))
+            return asyncio.run(coro)
         with concurrent.futures.ThreadPoolExecutor(1) as ex:
-            return ex.submit(asyncio.run, self.agenerate(requests, seed)).result()
+            return ex.submit(asyncio.run, coro).result()
+
+    def sample(self, requests: Sequence[TextRequest], seed: int, k: int) -> list[list[TextResult]]:
+        """k answers to each request in one call each: OpenAI's `n` choices (a server draws them together, in one
+        batch, from the request's seed)."""
+        return self._blocking(self._agenerate(requests, seed, k))
 
     async def agenerate(self, requests: Sequence[TextRequest], seed: int = 0) -> list[TextResult]:
+        return [r[0] for r in await self._agenerate(requests, seed, 1)]
+
+    async def _agenerate(self, requests: Sequence[TextRequest], seed: int, n: int) -> list[list[TextResult]]:
         import aiohttp
 
         t0 = time.perf_counter()
@@ -162,7 +174,7 @@ class HTTPTextEngine(TextEngine):
         async with aiohttp.ClientSession(timeout=timeout, connector=connector, headers=self._headers()) as session:
             gave_up: list[str] = []  # errors of requests that failed after every retry
             refused: list[str] = []  # refusals of the caller (REFUSED_STATUS)
-            results = await asyncio.gather(*(self._one(session, sem, req, seed + i, gave_up, refused)
+            results = await asyncio.gather(*(self._one(session, sem, req, seed + i, gave_up, refused, n)
                                              for i, req in enumerate(requests)))
         with self._lock:
             self.usage.seconds += time.perf_counter() - t0
@@ -186,10 +198,12 @@ class HTTPTextEngine(TextEngine):
             h["Authorization"] = f"Bearer {self._api_key}"
         return h
 
-    def payload(self, req: TextRequest, seed: int) -> dict[str, Any]:
+    def payload(self, req: TextRequest, seed: int, n: int = 1) -> dict[str, Any]:
         g = self.generation
         body: dict[str, Any] = {"model": self.http.model, "messages": openai_messages(req),
                                 "max_tokens": g.max_new_tokens, "temperature": g.temperature, "seed": seed}
+        if n > 1:  # only when asked: every OpenAI-compatible server takes it, but n=1 requests stay as they were
+            body["n"] = n
         if g.temperature > 0:
             body["top_p"] = g.top_p
             if g.top_k > 0:  # not an OpenAI parameter (vLLM and our Serve app take it): sent only when set
@@ -216,16 +230,20 @@ class HTTPTextEngine(TextEngine):
         return d / 2 + random.uniform(0, d / 2)  # "equal jitter": never zero, never in lock-step
 
     async def _one(self, session, sem: asyncio.Semaphore, req: TextRequest, seed: int,
-                   gave_up: list[str], refused: list[str]) -> TextResult:
+                   gave_up: list[str], refused: list[str], n: int = 1) -> list[TextResult]:
+        """The request's n answers (choices), or n copies of its error."""
         import aiohttp
+
+        def failed(error: str) -> list[TextResult]:
+            return [TextResult(error=error)] * n
 
         with self._lock:
             self.usage.requests += 1
         try:
-            body = json.dumps(self.payload(req, seed))
+            body = json.dumps(self.payload(req, seed, n))
         except (ValueError, TypeError) as e:
             self._count("invalid", failed=1)
-            return TextResult(error=f"invalid request: {e}")
+            return failed(f"invalid request: {e}")
         last = "no attempt"
         for attempt in range(self.http.max_retries + 1):
             retry_after = None
@@ -249,7 +267,7 @@ class HTTPTextEngine(TextEngine):
                 if status == 200:
                     data = _parsed(text)
                     if (other := self._other_model(data)) is None:
-                        return self._ok(data)
+                        return self._ok(data, n)
                     self._count("wrong_model")  # retried: on a shared port (SO_REUSEPORT) the next connection
                     last = other                # may reach ours
                 else:
@@ -258,15 +276,15 @@ class HTTPTextEngine(TextEngine):
                                                      or attempt == self.http.max_retries):
                         self._count("refused", failed=1)
                         refused.append(last)
-                        return TextResult(error=last)
+                        return failed(last)
                     if status not in RETRY_STATUS | RETRIED_REFUSALS:
                         self._count("final", failed=1)
-                        return TextResult(error=last)
+                        return failed(last)
             if attempt < self.http.max_retries:
                 await asyncio.sleep(self._delay(attempt, retry_after))
         self._count("exhausted", failed=1)
         gave_up.append(f"{last} (gave up after {self.http.max_retries + 1} attempts)")
-        return TextResult(error=gave_up[-1])
+        return failed(gave_up[-1])
 
     def _count_attempt(self, attempt: int) -> None:
         with self._lock:
@@ -281,17 +299,20 @@ class HTTPTextEngine(TextEngine):
             return None
         return f"response from model version {named!r}, expected {expected!r}: another server answers here"
 
-    def _ok(self, data: Any) -> TextResult:
-        """A 200 response's body, as _parsed gave it."""
+    def _ok(self, data: Any, n: int = 1) -> list[TextResult]:
+        """A 200 response's body, as _parsed gave it: its first n choices (the request's usage on the first)."""
         try:
             if isinstance(data, ValueError):
                 raise data
-            content = data["choices"][0]["message"]["content"]
-            if not isinstance(content, str):
-                raise TypeError(f"message content is {type(content).__name__}")
+            if len(data["choices"]) < n:
+                raise IndexError(f"{len(data['choices'])} choices, asked for {n}")
+            contents = [data["choices"][i]["message"]["content"] for i in range(n)]
+            for content in contents:
+                if not isinstance(content, str):
+                    raise TypeError(f"message content is {type(content).__name__}")
         except (ValueError, KeyError, IndexError, TypeError) as e:
             self._count("bad_response", failed=1)
-            return TextResult(error=f"malformed response: {type(e).__name__}: {e}")
+            return [TextResult(error=f"malformed response: {type(e).__name__}: {e}")] * n
         usage = data.get("usage") or {}
         pt, ct = int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
         cost = (pt * self.http.price_per_1m_prompt_tokens + ct * self.http.price_per_1m_completion_tokens) / 1e6
@@ -302,13 +323,14 @@ class HTTPTextEngine(TextEngine):
             self.usage.cost += cost
             if data.get("model_version"):  # our Serve app names the exact model version it served
                 self.version = str(data["model_version"])
-        return TextResult(text=content, prompt_tokens=pt, completion_tokens=ct,
-                          logprobs=self._logprobs(data) if self.generation.top_logprobs > 0 else None)
+        return [TextResult(text=content, prompt_tokens=pt if i == 0 else 0, completion_tokens=ct if i == 0 else 0,
+                           logprobs=self._logprobs(data, i) if self.generation.top_logprobs > 0 else None)
+                for i, content in enumerate(contents)]
 
-    def _logprobs(self, data: dict) -> list[TokenLogprobs] | None:
-        """`choices[0].logprobs.content` as TokenLogprobs; None when the server sent none, or a shape we cannot
+    def _logprobs(self, data: dict, i: int = 0) -> list[TokenLogprobs] | None:
+        """`choices[i].logprobs.content` as TokenLogprobs; None when the server sent none, or a shape we cannot
         read (logged): the text is fine either way, so the request does not fail over its logprobs."""
-        lp = data["choices"][0].get("logprobs")
+        lp = data["choices"][i].get("logprobs")
         content = lp.get("content") if isinstance(lp, dict) else None
         if content is None:
             return None

@@ -312,3 +312,16 @@ def fields(*, parsed: Any = None, score: float | None = None, verdict: str | Non
 
 def error_fields(err: ParseError) -> dict:
     return {"parsed": None, "score": None, "verdict": None, "parse_error": err.reason, "analysis": None}
+
+
+# ---------------------------------------------------------------- several sampled answers (judge.samples)
+def mean_rating(each: Sequence[dict]) -> dict:
+    """One rating from the judgment fields of several sampled answers to one request: the first parsed sample's
+    fields with score = the mean of the parsed samples' scores, and parsed["sample_scores"] = each sample's score
+    (None: it did not parse). No sample parsed: the first sample's parse error (never a made-up score)."""
+    parsed = [f for f in each if f["parse_error"] is None]
+    if not parsed:
+        return each[0]
+    lead = parsed[0]
+    score = sum(f["score"] for f in parsed) / len(parsed)
+    return {**lead, "score": score, "parsed": {**lead["parsed"], "sample_scores": [f["score"] for f in each]}}

@@ -14,6 +14,7 @@ judge, `verdict` = the verdict mapped to the AB frame (parsed keeps the verdict 
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -213,5 +214,29 @@ def to_judgment_fields(x: PairwiseJudgment | ParseError, order: str,
 
 def result_fields(res: TextResult, order: str, readout: str = "text") -> dict:
     """The judgment fields of one engine result (which must be ok); readout: judge.rating_readout (expected
-    also records the verdict's probabilities, which balanced_verdict combines across both orders)."""
+    also records the verdict's probabilities, which balanced_verdict combines across both orders). A result with
+    several sampled answers (judge.samples) gives their vote (voted; engine errors left out)."""
+    if res.samples:
+        return voted([result_fields(s, order, readout) for s in res.samples if s.ok], order)
     return to_judgment_fields(parse(res.text), order, res.logprobs if readout == "expected" else None)
+
+
+def voted(each: Sequence[dict], order: str) -> dict:
+    """One verdict from the judgment fields of several sampled answers to one request: the verdict most parsed
+    samples gave, a tie when two verdicts draw; the analysis of the first sample that gave it; parsed
+    ["sample_verdicts"] = each sample's AB-frame verdict (None: it did not parse) and "verdict_probs" the mean of
+    the samples' that have them. No sample parsed: the first sample's parse error."""
+    parsed = [f for f in each if f["parse_error"] is None]
+    if not parsed:
+        return each[0]
+    counts = Counter(f["verdict"] for f in parsed)
+    top = max(counts.values())
+    winners = [v for v, c in counts.items() if c == top]
+    verdict = winners[0] if len(winners) == 1 else "tie"
+    lead = next((f for f in parsed if f["verdict"] == verdict), parsed[0])
+    out = {"verdict": to_ab(verdict, order), "order": order,  # as emitted: to_ab is its own inverse
+           "sample_verdicts": [f["verdict"] for f in each]}
+    probs = [f["parsed"]["verdict_probs"] for f in parsed if "verdict_probs" in f["parsed"]]
+    if probs:
+        out["verdict_probs"] = {v: sum(p.get(v, 0.0) for p in probs) / len(probs) for v in VERDICTS}
+    return base.fields(parsed=out, verdict=verdict, analysis=lead["analysis"])

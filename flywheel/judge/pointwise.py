@@ -169,5 +169,8 @@ def to_judgment_fields(x: PointwiseJudgment | ParseError, logprobs: Sequence[Tok
 
 
 def result_fields(res: TextResult, readout: str = "text") -> dict:
-    """The judgment fields of one engine result (which must be ok); readout: judge.rating_readout."""
+    """The judgment fields of one engine result (which must be ok); readout: judge.rating_readout. A result with
+    several sampled answers (judge.samples) is rated by their mean (base.mean_rating; engine errors left out)."""
+    if res.samples:
+        return base.mean_rating([result_fields(s, readout) for s in res.samples if s.ok])
     return to_judgment_fields(parse(res.text), res.logprobs if readout == "expected" else None)

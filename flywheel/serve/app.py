@@ -31,6 +31,7 @@ import hmac
 import logging
 import os
 import time
+import uuid
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
@@ -42,6 +43,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from flywheel.config import Config, GenerationConfig
 from flywheel.engines.base import TextEngine, TextRequest, TextResult
+from flywheel.engines.samples import SAMPLED_PROTOCOLS, adraw
 from flywheel.serve.chat import chat_request, chat_response
 from flywheel.serve.judging import Plan, plan_aspects, plan_pairwise, plan_pointwise
 from flywheel.serve.model import ServedModel, local_weights, resolve_served_model
@@ -130,6 +132,9 @@ def token_digest(cfg: Config) -> str | None:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
+Job = tuple[tuple[TextRequest, ...], GenerationConfig, int, str]
+
+
 @serve.deployment(name=DEPLOYMENT)
 @serve.ingress(app)
 class JudgeServer:
@@ -158,28 +163,34 @@ class JudgeServer:
                  time.perf_counter() - t0)
 
     # ------------------------------------------------------------------ batching
+    # A job: requests answered together (a chat's n copies of one request, or one judge request), their decoding,
+    # seed, and the HTTP call they belong to.
     @serve.batch(max_batch_size=16, batch_wait_timeout_s=0.01)  # replaced from config in __init__
-    async def _generate(self, jobs: list[tuple[TextRequest, GenerationConfig, int]]) -> list[TextResult]:
+    async def _generate(self, jobs: list[Job]) -> list[list[TextResult]]:
         self.batch_sizes[len(jobs)] += 1
-        self.items += len(jobs)
+        self.items += sum(len(j[0]) for j in jobs)
         return await asyncio.to_thread(self._run_jobs, jobs)
 
-    def _run_jobs(self, jobs: list[tuple[TextRequest, GenerationConfig, int]]) -> list[TextResult]:
-        """One engine call per distinct decoding setting in the batch (usually one). The whole group is one
-        engine batch: the Serve batch is the batch. Runs in one worker thread at a time (one batch at a time)."""
-        groups: dict[tuple[str, int], list[int]] = {}
-        for i, (_, gen, seed) in enumerate(jobs):
-            groups.setdefault((gen.model_dump_json(), seed if gen.temperature > 0 else 0), []).append(i)
-        out: list[TextResult | None] = [None] * len(jobs)
-        for (_, seed), idx in groups.items():
-            gen = jobs[idx[0]][1]
-            self.engine.generation = gen.model_copy(update={"batch_size": len(idx)})
-            for i, r in zip(idx, self.engine.generate([jobs[i][0] for i in idx], seed=seed), strict=True):
-                out[i] = r
-        return out  # type: ignore[return-value]
+    def _run_jobs(self, jobs: list[Job]) -> list[list[TextResult]]:
+        """One engine call per group of jobs (usually one), the group one engine batch: the Serve batch is the
+        batch. Greedy jobs of any call share a group (their answers do not depend on their batch-mates); sampled
+        jobs only with jobs of their own call, so a call's samples do not depend on what else arrived at the
+        same time: the same body and seed give the same answers. Runs in one worker thread at a time."""
+        groups: dict[tuple[str, int, str], list[int]] = {}
+        for i, (_, gen, seed, call) in enumerate(jobs):
+            key = (gen.model_dump_json(), seed, call) if gen.temperature > 0 else (gen.model_dump_json(), 0, "")
+            groups.setdefault(key, []).append(i)
+        out: list[list[TextResult]] = [[] for _ in jobs]
+        for (_, seed, _), idx in groups.items():
+            flat = [(i, r) for i in idx for r in jobs[i][0]]
+            self.engine.generation = jobs[idx[0]][1].model_copy(update={"batch_size": len(flat)})
+            for (i, _), r in zip(flat, self.engine.generate([r for _, r in flat], seed=seed), strict=True):
+                out[i].append(r)
+        return out
 
     async def _run(self, requests: list[TextRequest], gen: GenerationConfig, seed: int) -> list[TextResult]:
-        return list(await asyncio.gather(*(self._generate((r, gen, seed)) for r in requests)))
+        call = uuid.uuid4().hex
+        return [r[0] for r in await asyncio.gather(*(self._generate(((r,), gen, seed, call)) for r in requests))]
 
     # ------------------------------------------------------------------ plumbing
     def _auth(self, request: Request) -> None:
@@ -200,9 +211,11 @@ class JudgeServer:
         return {"model": self.cfg.serve.model_name, "model_version": self.served.version}
 
     async def _judge(self, protocol: str, plan: Plan, seed: int) -> dict:
-        results = await self._run(plan.requests, self.generation, seed)
+        # judge.samples answers per pointwise or pairwise request, as make_text_engine's judge gives the loop
+        k = self.cfg.judge.samples if protocol in SAMPLED_PROTOCOLS else 1
+        results, generations = await adraw(lambda s: self._run(plan.requests, self.generation, s), seed, k)
         usage = {"prompt_tokens": sum(r.prompt_tokens for r in results),
-                 "completion_tokens": sum(r.completion_tokens for r in results), "generations": len(results)}
+                 "completion_tokens": sum(r.completion_tokens for r in results), "generations": generations}
         return {**self._meta(), "protocol": protocol, "results": plan.assemble(results), "usage": usage}
 
     # ------------------------------------------------------------------ routes
@@ -257,10 +270,10 @@ class JudgeServer:
                                     f"{self.cfg.serve.model_name!r} ({self.served.version})")
         req, gen, seed = await asyncio.to_thread(chat_request, body, self.limits, self.generation,
                                                  self.max_tokens_cap)
-        result = (await self._run([req], gen, seed))[0]
-        if not result.ok:
-            raise RequestError(500, f"generation failed: {result.error}", "server_error")
-        return chat_response(result, self.cfg.serve.model_name, self.served.version, gen.max_new_tokens,
+        results = await self._generate(((req,) * body.n, gen, seed, uuid.uuid4().hex))
+        if failed := next((r for r in results if not r.ok), None):
+            raise RequestError(500, f"generation failed: {failed.error}", "server_error")
+        return chat_response(results, self.cfg.serve.model_name, self.served.version, gen.max_new_tokens,
                              body.top_logprobs or 0)
 
 

@@ -81,10 +81,14 @@ def chat_logprobs(logprobs: list[TokenLogprobs] | None, top_logprobs: int | None
     return {"content": content}
 
 
-def chat_response(result: TextResult, model_name: str, model_version: str, max_tokens: int,
+def chat_response(result: TextResult | list[TextResult], model_name: str, model_version: str, max_tokens: int,
                   top_logprobs: int | None = None) -> dict:
-    """`top_logprobs`: the body's (0 for logprobs without it); None shows every alternative the engine returned.
-    Logprobs appear only if the engine returned them, i.e. only if the body asked (chat_request)."""
+    """One choice per result (a body's `n`). `top_logprobs`: the body's (0 for logprobs without it); None shows
+    every alternative the engine returned. Logprobs appear only if the engine returned them, i.e. only if the body
+    asked (chat_request)."""
+    results = [result] if isinstance(result, TextResult) else result
+    prompt_tokens = results[0].prompt_tokens  # one prompt, read once for all its choices
+    completion_tokens = sum(r.completion_tokens for r in results)
     return {
         "id": f"chatcmpl-{uuid.uuid4().hex[:24]}",
         "object": "chat.completion",
@@ -92,9 +96,9 @@ def chat_response(result: TextResult, model_name: str, model_version: str, max_t
         "model": model_name,
         "model_version": model_version,
         "system_fingerprint": model_version,
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": result.text},
-                     "finish_reason": "length" if result.completion_tokens >= max_tokens else "stop",
-                     "logprobs": chat_logprobs(result.logprobs, top_logprobs)}],
-        "usage": {"prompt_tokens": result.prompt_tokens, "completion_tokens": result.completion_tokens,
-                  "total_tokens": result.prompt_tokens + result.completion_tokens},
+        "choices": [{"index": i, "message": {"role": "assistant", "content": r.text},
+                     "finish_reason": "length" if r.completion_tokens >= max_tokens else "stop",
+                     "logprobs": chat_logprobs(r.logprobs, top_logprobs)} for i, r in enumerate(results)],
+        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                  "total_tokens": prompt_tokens + completion_tokens},
     }

@@ -60,17 +60,16 @@ def _build(where: str, fn: Callable, *args, **kwargs) -> Any:
         raise invalid(f"{where}: {reason}") from None
 
 
-def outcome(result: TextResult, parse: Callable[[str], Any], fields: Callable[[Any], dict]) -> dict:
+def outcome(result: TextResult, fields: Callable[[TextResult], dict]) -> dict:
     """One generation as a response object: the raw text and the judgment fields, or the engine's error."""
     if not result.ok:
         return {"raw": None, "error": result.error, **{f: None for f in FIELDS}}
-    return {"raw": result.text, "error": None, **fields(parse(result.text))}
+    return {"raw": result.text, "error": None, **fields(result)}
 
 
 # ---------------------------------------------------------------- pointwise
 def _pointwise_outcome(result: TextResult, readout: str) -> dict:
-    logprobs = result.logprobs if readout == "expected" else None
-    return outcome(result, pt.parse, lambda x: pt.to_judgment_fields(x, logprobs))
+    return outcome(result, lambda r: pt.result_fields(r, readout))
 
 
 def plan_pointwise(body: PointwiseBody, limits: ServeLimitsConfig, style: str = "minos",
@@ -117,9 +116,7 @@ def plan_pairwise(body: PairwiseBody, limits: ServeLimitsConfig, tree: AspectTre
         out = [{"candidate_ids": [it.candidate_a.candidate_id, it.candidate_b.candidate_id], "aspect": it.aspect,
                 "orders": {}} for it in body.items]
         for (i, order), r in zip(slots, results, strict=True):
-            logprobs = r.logprobs if readout == "expected" else None
-            out[i]["orders"][order] = outcome(r, pw.parse,
-                                              lambda x, o=order, lp=logprobs: pw.to_judgment_fields(x, o, lp))
+            out[i]["orders"][order] = outcome(r, lambda res, o=order: pw.result_fields(res, o, readout))
         for item in out:
             probs = [((item["orders"].get(k) or {}).get("parsed") or {}).get("verdict_probs") for k in pw.ORDERS]
             item["verdict_balanced"] = pw.balanced_verdict(*probs)  # None unless both orders have probabilities
@@ -154,7 +151,7 @@ def plan_aspects(body: AspectsBody, limits: ServeLimitsConfig, tree: AspectTree)
     def assemble(results: list[TextResult]) -> list[dict]:
         out: list[dict] = [{"candidate_id": it.candidate.candidate_id, "groups": {}} for it in body.items]
         for (i, group, expected), r in zip(slots, results, strict=True):
-            res = outcome(r, lambda t, e=expected: ap.parse(t, e), lambda x, g=group: ap.to_judgment_fields(x, g))
+            res = outcome(r, lambda x, e=expected, g=group: ap.to_judgment_fields(ap.parse(x.text, e), g))
             out[i]["groups"][group] = {"aspects": expected, **res}
         for item in out:
             scores: dict[str, int] = {}

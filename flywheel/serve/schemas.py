@@ -143,7 +143,8 @@ class ChatBody(_In):
     logprobs: bool | None = Field(None, description="Return each output token's log-probability.")
     top_logprobs: int | None = Field(None, ge=0, le=20, description="Only with logprobs: how many most likely "
                                      "tokens to return per position, with their log-probabilities (0-20).")
-    n: int = Field(1, ge=1, le=1, description="Only one choice per request.")
+    n: int = Field(1, ge=1, le=64, description="Choices to draw (OpenAI's n): sampled together, in one batch of "
+                   "their own, from the request's seed, so the same body gives the same choices.")
     stream: Literal[False] = Field(False, description="Streaming is not supported.")
     user: str | None = None
 

@@ -1,61 +1,42 @@
-"""bench/judge_samples.py: a judged row's score averaged over the samples that parsed it, per claim for claim rows,
-a row no sample parsed kept failed; each sample's engine draws from seeds of its own. (The meta-eval it runs is
-the loop's own code, tested with the meta-eval stage.)"""
+"""bench/judge_samples.py: one sample read off the rows the loop's meta-eval wrote with judge.samples (each row's
+first sample; a row whose first sample did not parse a failure, never a score), and the outcomes split by sub-task.
+(The mean of k is the loop's own judge.samples, tested in tests/engines/test_samples.py.)"""
 
-import pytest
+import json
+
 from bench_scripts import load_bench
 
 from flywheel.evaluate import meta
-from flywheel.judge import claims
 
 bench = load_bench("judge_samples")
 
 
-def _row(cand: str, score: float | None, protocol: str = "pointwise", claim: str | None = None) -> dict:
-    raw = "Rating: x" if claim is None else f"{claims.HEADER.format(side='response', claim=claim)}\nStated."
-    return {"prompt_id": "p", "candidate_ids": [cand], "protocol": protocol, "aspect": None, "order": None,
-            "raw_output": raw, "score": score, "parse_error": None if score is not None else "no rating"}
+def _row(cand: str, score: float | None, sample_scores: list | None = None) -> dict:
+    parsed = None if score is None else {"rating": 3, **({} if sample_scores is None
+                                                          else {"sample_scores": sample_scores})}
+    return {"prompt_id": "p", "candidate_ids": [cand], "protocol": "pointwise", "aspect": None, "order": None,
+            "raw_output": "x", "parsed": parsed, "score": score,
+            "parse_error": None if score is not None else "no rating"}
 
 
-def test_scores_are_averaged_over_the_samples_that_parsed_and_a_row_none_parsed_stays_failed():
-    samples = [[_row("a", 3.0), _row("b", None), _row("c", None)],
-               [_row("a", 4.0), _row("b", 2.0), _row("c", None)],
-               [_row("a", 5.0), _row("b", None), _row("c", None)]]
-    got = {r["candidate_ids"][0]: r for r in bench.averaged(samples)}
-    assert got["a"]["score"] == pytest.approx(4.0) and got["a"]["parse_error"] is None
-    assert got["b"]["score"] == pytest.approx(2.0) and got["b"]["parse_error"] is None
-    assert got["c"]["score"] is None and got["c"]["parse_error"] == "no rating"  # never a made-up score
+def test_one_sample_is_each_rows_first_sample_and_an_unparsed_first_sample_is_a_failure():
+    rows = [_row("a", 3.5, [5.0, 2.0]), _row("b", 2.0, [None, 2.0]), _row("c", None), _row("d", 4.0)]
+    rows[0]["parsed"] = json.dumps(rows[0]["parsed"])  # as a dataset stores it
+    got = {r["candidate_ids"][0]: r for r in bench.first_sample(rows)}
+    assert got["a"]["score"] == 5.0 and got["a"]["parse_error"] is None
+    assert got["b"]["score"] is None and got["b"]["parse_error"] == "first sample did not parse"
+    assert got["c"]["score"] is None and got["c"]["parse_error"] == "no rating"
+    assert got["d"]["score"] == 4.0  # a row of one sample is that sample
 
 
-def test_claim_rows_of_one_candidate_are_averaged_claim_by_claim():
-    one = [_row("a", 5.0, claims.NAME, "a red circle"), _row("a", 1.0, claims.NAME, "a blue square")]
-    two = [_row("a", 3.0, claims.NAME, "a red circle"), _row("a", 3.0, claims.NAME, "a blue square")]
-    got = {claims.header(r["raw_output"]): r["score"] for r in bench.averaged([one, two])}
-    assert list(got.values()) == pytest.approx([4.0, 2.0])
-    assert len(got) == 2
-
-
-def test_a_pair_the_greedy_ratings_tie_is_ordered_by_the_averaged_ones():
+def test_a_pair_the_first_samples_tie_is_ordered_by_the_mean():
     gold = [{"judgment_id": "g", "prompt_id": "p", "candidate_ids": ["a", "b"], "protocol": "pairwise",
              "aspect": None, "verdict": "A", "score": None}]
     prompts = {"p": {"prompt_id": "p", "task": "ig", "subtask": "ig_single_object"}}
-    greedy = [_row("a", 4.0), _row("b", 4.0)]
-    sampled = [[_row("a", 4.0), _row("b", 4.0)], [_row("a", 4.0), _row("b", 3.0)]]
+    rows = [_row("a", 4.0, [4.0, 4.0]), _row("b", 3.5, [4.0, 3.0])]
     metric = "all/pointwise_ranking/accuracy"
-    assert meta.pair_outcomes(metric, gold, greedy, prompts, set(), set()) == {"g": False}
-    assert meta.pair_outcomes(metric, gold, bench.averaged(sampled), prompts, set(), set()) == {"g": True}
-
-
-def test_each_sample_draws_from_seeds_of_its_own():
-    class Engine:
-        name, version = "hf:judge", "v1"
-
-        def generate(self, requests, seed=0):
-            return [seed] * len(requests)
-
-    assert bench.Reseeded(Engine(), 2_000_000).generate(["r"]) == [2_000_000]
-    assert bench.Reseeded(Engine(), 2_000_000).generate(["r"], seed=3) == [2_000_003]
-    assert bench.Reseeded(Engine(), 5).name == "hf:judge"
+    assert meta.pair_outcomes(metric, gold, bench.first_sample(rows), prompts, set(), set()) == {"g": False}
+    assert meta.pair_outcomes(metric, gold, rows, prompts, set(), set()) == {"g": True}
 
 
 def test_outcomes_are_split_by_the_sub_task_of_each_gold_pairs_prompt():

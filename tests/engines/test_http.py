@@ -38,7 +38,8 @@ class FlakyServer(ChatServer):
     'fail-<status>-<n>': the first n attempts answer <status>, then 200;  'always-<status>': never 200;
     'slow-<n>': the first n attempts take 1 s (longer than the timeout test's);  'sleep': 0.1 s, then 200;
     'imposter-<n>': the first n answers name model_version 'other', then 'ours' (others name none);
-    anything else: 200 at once. A request with `logprobs: true` gets LOGPROBS as choices[0].logprobs, unless its
+    anything else: 200 at once, with `n` choices when the body asks for n ('onechoice': one whatever it asks). A
+    request with `logprobs: true` gets LOGPROBS as choices[0].logprobs, unless its
     text is 'nologprobs' (logprobs: null, as a server without support answers). Records attempts per text, peak
     concurrency, auth headers, request bodies and image parts."""
 
@@ -84,7 +85,12 @@ class FlakyServer(ChatServer):
                 await asyncio.sleep(0.1)
             logprobs = LOGPROBS if body.get("logprobs") and text != "nologprobs" else None
             named = {} if kind != "imposter" else {"model_version": "other" if n <= int(arg) else "ours"}
-            return web.json_response(completion(body["model"], f"echo {text}", logprobs, **named))
+            answer = completion(body["model"], f"echo {text}", logprobs, **named)
+            choices = 1 if kind == "onechoice" else body.get("n", 1)  # 'onechoice': a server that ignores n
+            answer["choices"] = [{**answer["choices"][0], "index": i,
+                                  "message": {"role": "assistant", "content": f"echo {text} #{i}"}}
+                                 for i in range(choices)] if "n" in body else answer["choices"]
+            return web.json_response(answer)
         finally:
             self.in_flight -= 1
 
@@ -311,3 +317,17 @@ def test_unreadable_logprobs_are_logged_and_dropped_not_a_failed_request(caplog)
     assert "unreadable logprobs" in caplog.text
     good = {"choices": [{"logprobs": {"content": [{"token": "4", "logprob": -0.5, "top_logprobs": []}]}}]}
     assert eng._logprobs(good)[0].logprob == -0.5
+
+
+def test_k_samples_are_one_request_each_asking_for_n_choices(server):
+    """TextEngine.sample over HTTP (judge.samples through Serve or an API): one request per item with OpenAI's n,
+    so a server draws its samples together; a server that sends fewer choices fails those items, never pads."""
+    eng = _engine(server.port)
+    got = eng.sample([_ask("a"), _ask("b")], seed=5, k=3)
+    assert [[r.text for r in x] for x in got] == [[f"echo {t} #{i}" for i in range(3)] for t in "ab"]
+    assert [b["n"] for b in server.bodies] == [3, 3] and sorted(b["seed"] for b in server.bodies) == [5, 6]
+    assert [r.completion_tokens for r in got[0]] == [5, 0, 0]  # the request's usage counted once
+    short = eng.sample([_ask("onechoice")], seed=0, k=2)[0]
+    assert len(short) == 2 and all(not r.ok and "1 choices, asked for 2" in r.error for r in short)
+    eng.generate([_ask("c")])
+    assert "n" not in server.bodies[-1]  # one answer: the body is as it was

@@ -183,6 +183,13 @@ def test_chat_request_maps_image_parts_and_enforces_caps():
     resp = chat_response(TextResult(text="hi", prompt_tokens=5, completion_tokens=8), "judge", "v1", 8)
     assert resp["choices"][0]["finish_reason"] == "length" and resp["usage"]["total_tokens"] == 13
     assert resp["model_version"] == "v1" and resp["object"] == "chat.completion"
+    # n choices: one per result, the prompt's tokens counted once
+    many = chat_response([TextResult(text="a", prompt_tokens=5, completion_tokens=2),
+                          TextResult(text="b", prompt_tokens=5, completion_tokens=3)], "judge", "v1", 8)
+    assert [(c["index"], c["message"]["content"]) for c in many["choices"]] == [(0, "a"), (1, "b")]
+    assert many["usage"] == {"prompt_tokens": 5, "completion_tokens": 5, "total_tokens": 10}
+    assert status_of(parse_body, json.dumps({**body.model_dump(exclude_none=True), "n": 65}).encode(),
+                     ChatBody)[0] == 422
 
 
 
