@@ -704,17 +704,12 @@ class Config(StrictModel):
 
     def hash(self) -> str:
         """Content hash of the resolved config; stages record it in their manifests."""
-        blob = json.dumps(self.model_dump(mode="json"), sort_keys=True).encode()
+        blob = json.dumps(self._hashed(), sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
 
-    def stage_hash(self, stage: str) -> str:
-        """Hash of the config sections a stage's output depends on: a change elsewhere does not redo it."""
-        if stage not in STAGE_SECTIONS:
-            raise KeyError(f"no config sections declared for stage {stage!r}")
+    def _hashed(self) -> dict:
+        """The config as hashes read it: fields added later left out at their default (HASHED_ONLY_WHEN_SET)."""
         data = self.model_dump(mode="json")
-        defaults = HttpEngineConfig().model_dump(mode="json")
-        for role in ("teacher", "judge", "policy"):
-            data[role]["http"].update({k: defaults[k] for k in HTTP_HOW_NOT_WHAT})
         for dotted, default in HASHED_ONLY_WHEN_SET.items():
             *parents, key = dotted.split(".")
             node = data
@@ -722,6 +717,16 @@ class Config(StrictModel):
                 node = node[p]
             if node.get(key, default) == default:
                 node.pop(key, None)
+        return data
+
+    def stage_hash(self, stage: str) -> str:
+        """Hash of the config sections a stage's output depends on: a change elsewhere does not redo it."""
+        if stage not in STAGE_SECTIONS:
+            raise KeyError(f"no config sections declared for stage {stage!r}")
+        data = self._hashed()
+        defaults = HttpEngineConfig().model_dump(mode="json")
+        for role in ("teacher", "judge", "policy"):
+            data[role]["http"].update({k: defaults[k] for k in HTTP_HOW_NOT_WHAT})
         picked = {}
         for dotted in STAGE_SECTIONS[stage]:
             node = data
