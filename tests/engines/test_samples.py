@@ -14,6 +14,7 @@ from flywheel.judge import pairwise as pw
 from flywheel.judge import pointwise as pt
 from flywheel.stages.judgments import JudgmentsCore
 from flywheel.worlds.shapes.teacher import make_context
+from chat_server import ChatServer, completion
 
 
 class RatesBySeed(TextEngine):
@@ -159,3 +160,40 @@ def test_one_sample_hashes_as_before_the_setting_existed_and_more_redo_only_the_
     one = Config.model_validate({"judge": {"generation": {"temperature": 0.7}}})
     changed = {s for s in config.STAGE_SECTIONS if more.stage_hash(s) != one.stage_hash(s)}
     assert changed == {"judgments-judge", "meta-eval-judge", "downstream-judge"}
+
+
+class RatesEachChoice(ChatServer):
+    """An OpenAI-style server (what Serve or an API is to the HTTP engine) rating choice i of a request i + 1."""
+
+    def __init__(self):
+        super().__init__()
+        self.bodies = []
+
+    async def handle(self, request):
+        from aiohttp import web
+
+        body = await request.json()
+        self.bodies.append(body)
+        answer = completion(body["model"], "")
+        answer["choices"] = [{**answer["choices"][0], "index": i,
+                              "message": {"role": "assistant", "content": f"Analysis: choice {i}.\nRating: {i + 1}"}}
+                             for i in range(body.get("n", 1))]
+        return web.json_response(answer)
+
+
+def test_a_judge_behind_http_is_asked_each_items_samples_in_one_request(cfg):
+    """The loop's preference labels reach the served judge over HTTP: with judge.samples each candidate is one
+    request asking for n choices (Serve draws them in one batch), and its row is rated by their mean."""
+    prompt = {"prompt_id": "pr_1", "task": "iu", "subtask": "iu_color", "query": "What colour is it?", "images": [],
+              "reference": None, "meta": None}
+    cands = [{"candidate_id": f"ca_{i}", "prompt_id": "pr_1", "producer": "p", "sample_index": i,
+              "output_text": text, "output_images": [], "meta": None} for i, text in enumerate(["Red.", "Blue."])]
+    with RatesEachChoice() as server:
+        c = load_config(None, [f"run.workdir={cfg.run.workdir}", "judge.engine=http",
+                               f"judge.http.base_url=http://127.0.0.1:{server.port}/v1", "judge.samples=4",
+                               "judge.generation.temperature=0.7", "judgments.samples_per_item=1",
+                               "judgments.protocols={iu: [pointwise]}"])
+        rows = JudgmentsCore(c, cands, role="judge")([prompt]).rows
+    assert [b["n"] for b in server.bodies] == [4, 4]  # one request per candidate, not four
+    assert [r["score"] for r in rows] == [pytest.approx(2.5)] * 2  # the mean of ratings 1-4
+    assert rows[0]["parsed"]["sample_scores"] == [1, 2, 3, 4] and rows[0]["raw_output"].endswith("Rating: 1")
