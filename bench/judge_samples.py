@@ -19,7 +19,9 @@ Measured (runs/local_claims iteration 1 on an AVX2 box, models:/judge/4, 2026-12
 consistency"): the mean of 20 at temperature 0.7 reads id-test 0.925 against greedy 0.909 (McNemar 31 / 19,
 p=0.06) and ood-test 0.756 against 0.665 (24 / 8, p=0.0035); at 1.0, 0.911 (p=0.5) and 0.773 (p=0.0007); the
 mean of 5 at 1.0 is below greedy on id-test (0.886). Iteration 0's judge (models:/judge/2), mean of 20 at 0.7:
-id-test 0.904 against greedy 0.856 (57 / 19, p=7e-6), ood-test 0.841 against 0.790 (21 / 12, p=0.08).
+id-test 0.904 against greedy 0.856 (57 / 19, p=7e-6), ood-test 0.841 against 0.790 (21 / 12, p=0.08). A second
+draw of 20 through judge.samples (other seeds): 0.912 / 0.739 and 0.871 / 0.824; both draws' 40 samples together
+0.917 / 0.761 and 0.892 / 0.830 (docs/tuning.md, judge.samples).
 """
 from __future__ import annotations
 
