@@ -8,7 +8,8 @@ likelier for one of them; averaged over sampled analyses, that likelihood reache
 measured the lift: docs/results.md, "Self-consistency").
 
 Requests that read one answer (a rubric, a decomposed step, a claim split, an aspects group) are sent once. The
-first sample uses the caller's seed, so k = 1 and the first of k answers are the same answer.
+samples are drawn by the engine (TextEngine.sample): by default k calls, the first with the caller's seed (so it is
+the one-sample answer); over HTTP one request asking for OpenAI's n choices, which Serve draws in one batch.
 """
 from __future__ import annotations
 
