@@ -21,7 +21,8 @@ p=0.06) and ood-test 0.756 against 0.665 (24 / 8, p=0.0035); at 1.0, 0.911 (p=0.
 mean of 5 at 1.0 is below greedy on id-test (0.886). Iteration 0's judge (models:/judge/2), mean of 20 at 0.7:
 id-test 0.904 against greedy 0.856 (57 / 19, p=7e-6), ood-test 0.841 against 0.790 (21 / 12, p=0.08). A second
 draw of 20 through judge.samples (other seeds): 0.912 / 0.739 and 0.871 / 0.824; both draws' 40 samples together
-0.917 / 0.761 and 0.892 / 0.830 (docs/tuning.md, judge.samples).
+0.917 / 0.761 and 0.892 / 0.830 (docs/tuning.md, judge.samples). Iteration 3's judge (models:/judge/8, greedy
+0.931 / 0.688): 0.925 / 0.739.
 """
 from __future__ import annotations
 
