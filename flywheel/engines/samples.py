@@ -57,12 +57,12 @@ class SampledTextEngine(TextEngine):
     def __init__(self, inner: TextEngine, k: int):
         if k < 2:
             raise ValueError(f"k must be at least 2 (one sample needs no wrapper), got {k}")
-        self.inner, self.k = inner, k
-        self.name, self.version = inner.name, inner.version
+        self.inner, self.k = inner, k  # name and version are the backend's, read live (__getattr__): an HTTP
+        # engine learns its version from the server's first answer
 
     def generate(self, requests: Sequence[TextRequest], seed: int = 0) -> list[TextResult]:
         sampled = [i for i, r in enumerate(requests) if is_sampled(r)]
-        once = sorted(set(range(len(requests))) - set(sampled))
+        once = [i for i, r in enumerate(requests) if not is_sampled(r)]
         results: list[TextResult | None] = [None] * len(requests)
         if once:
             got = self.inner.generate([requests[i] for i in once], seed=seed)

@@ -54,6 +54,13 @@ def test_rating_requests_are_drawn_k_times_with_seeds_of_their_own_and_the_rest_
     assert pt.result_fields(out[2])["score"] == 2  # read once
 
 
+def test_the_wrapper_names_the_backend_as_it_is_now():
+    inner = RatesBySeed([3])
+    eng = SampledTextEngine(inner, 2)
+    inner.version = "served-v7"  # as an HTTP engine learns its version from the server's answer
+    assert (eng.name, eng.version) == ("scripted", "served-v7")
+
+
 def test_a_rating_is_the_mean_of_the_samples_that_parsed_and_no_parse_is_never_a_score():
     out = SampledTextEngine(RatesBySeed([None, 5, 2, None]), 4).generate([_req("a")])[0]
     f = pt.result_fields(out)
