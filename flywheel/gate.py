@@ -135,7 +135,8 @@ def measured_on(cfg: Config, uri: str, metric: str, gold_uri: str) -> bool:
     value, where = recorded(cfg, uri, metric), recorded_meta_eval(cfg, uri)
     if value is None or where is None or where.gold_uri != gold_uri:
         return False
-    if registry.get_version(cfg, uri).tags.get(SCORING_TAG, judge_scoring(cfg)) != judge_scoring(cfg):
+    now = judge_scoring(cfg)
+    if registry.get_version(cfg, uri).tags.get(SCORING_TAG, now) != now:
         return False
     try:
         if _per_pair(metric):
