@@ -146,7 +146,7 @@ def eval_judge(data: Annotated[str, typer.Option(help="Labeled JSONL (format: fl
         raise typer.Exit(2)
     with says_why_it_stopped(console):
         metrics = evaluate_labeled(make_text_engine(cfg, "judge"), items, cfg.judge.prompt_style,
-                                   cfg.judge.rating_readout)
+                                   cfg.judge.rating_readout, seed=cfg.run.seed)
     console.print(f"{len(items)} items ({len(refused)} refused) judged by {judge}:")
     for k, v in metrics.items():
         console.print(f"  {k:36s} {v:.4f}")

@@ -111,10 +111,10 @@ def require_items(items: list[dict], refused: list[str], where: str) -> list[dic
 
 
 def evaluate_labeled(engine: TextEngine, items: list[dict], style: str = "minos",
-                     readout: str = "text") -> dict[str, float]:
+                     readout: str = "text", seed: int = 0) -> dict[str, float]:
     """The engine's metrics on labeled items; style: the prompt style the judge was trained on; readout: how a
     pointwise score is read (judge.rating_readout; `expected` also scores each pair by one verdict from both
-    orders' probabilities, `pairwise_balanced/...`, as meta-eval does)."""
+    orders' probabilities, `pairwise_balanced/...`, as meta-eval does); seed: the sampling seed (run.seed)."""
     jobs = []
     for it in items:
         p, c = it["prompt"], it["candidates"]
@@ -122,7 +122,7 @@ def evaluate_labeled(engine: TextEngine, items: list[dict], style: str = "minos"
             jobs.append((it, None, pointwise.build(p, c[0], style=style)))
         else:
             jobs += [(it, order, req) for order, req in pairwise.build_both(p, c[0], c[1], style=style).items()]
-    results = engine.generate([r for _, _, r in jobs])
+    results = engine.generate([r for _, _, r in jobs], seed=seed)
     points, verdicts, probs = {}, {}, {}
     for (it, order, _), res in zip(jobs, results, strict=True):
         if order is None:

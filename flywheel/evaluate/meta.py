@@ -61,6 +61,7 @@ class MetaEvalCore:
         self.protocols = set(cfg.meta_eval.protocols)
         self.claim_subtasks = set(cfg.judgments.claim_subtasks)
         self.splitter = cfg.judgments.claim_splitter
+        self.seed = cfg.run.seed  # the labels stage's seed: a sampling judge (judge.samples) draws as it does there
 
     def __call__(self, gold_rows: list[dict]) -> CoreOutput:
         jobs: list[tuple[dict, str | claims.ClaimCheck | None, TextRequest]] = []
@@ -86,7 +87,7 @@ class MetaEvalCore:
                     check.request.context = make_context("claims", prompt, cands, claim=check.claim,
                                                          against=check.against)
                     jobs.append((g, check, check.request))
-        results = self.engine.generate([r for _, _, r in jobs])
+        results = self.engine.generate([r for _, _, r in jobs], seed=self.seed)
         for (g, order, _), res in zip(jobs, results, strict=True):
             if not res.ok:
                 out.quarantined.append({"kind": "judgment", "index": 0, "reason": f"judge: {res.error}",
@@ -130,7 +131,7 @@ class MetaEvalCore:
                     req = claim_split.build(text, style=self.style)
                     req.context = make_context("claims", self.prompts[g["prompt_id"]], step="split", text=text)
                     asked[(g["prompt_id"], text)] = req
-        results = dict(zip(asked, self.engine.generate(list(asked.values())), strict=True))
+        results = dict(zip(asked, self.engine.generate(list(asked.values()), seed=self.seed), strict=True))
         splits = {}
         for g in items:
             text_sides = sides_of[g["judgment_id"]]

@@ -70,6 +70,25 @@ def test_cli_eval_runs_a_judge_and_refuses_empty_sets(tmp_path, cfg, zoo):
     assert "pointwise/parse_failure_rate" in r.output and "3 items (4 refused)" in r.output
 
 
+def test_cli_eval_asks_the_judge_with_the_runs_seed(tmp_path, monkeypatch):
+    # a sampling judge (judge.samples) draws with run.seed, so two seeds are two draws; a scripted judge stands in
+    # for the model (what is checked is the seed `flywheel eval` hands it)
+    import flywheel.engines
+
+    seeds = []
+
+    class Spy(SaysRedIsRight):
+        def generate(self, requests, seed=0):
+            seeds.append(seed)
+            return super().generate(requests, seed)
+
+    monkeypatch.setattr(flywheel.engines, "make_text_engine", lambda cfg, role: Spy())
+    r = CliRunner().invoke(app, ["eval", "--data", str(_write(tmp_path)), "--judge", "zoo:judge",
+                                 f"run.workdir={tmp_path}", "run.seed=5"])
+    assert r.exit_code == 0, r.output
+    assert seeds == [5]
+
+
 class WritesThreeButLeans(TextEngine):
     """A stand-in judge that writes "Rating: 3" for every answer but, at the rating token, leans towards 5 for
     "Red." and towards 1 for "Blue." / "Green." by different amounts (its log-probabilities are scripted)."""

@@ -452,3 +452,23 @@ def test_gold_claim_checks_score_the_judges_claims_one_by_one(gold_uri):
     # a judge that writes no claim check it can be read by: every gold claim fails, none is guessed
     zoo = meta.run(with_models(cc, judge="zoo:judge"), str(root / "gold-claims"), str(root / "me-gc-zoo"))["id-test"]
     assert zoo["all/claims/parse_failure_rate"] == 1.0 and zoo["all/claims/exact"] == 0.0
+
+
+def test_the_judge_is_asked_with_the_runs_seed(gold_uri):
+    # a sampling judge (judge.samples) draws its analyses with run.seed, as in the labels stage, not always seed 0:
+    # another seed is another draw. The core alone (no Ray), the claim splits included.
+    seeds = []
+
+    class RecordsSeeds(OracleTextEngine):
+        def generate(self, requests, seed=0):
+            seeds.append(seed)
+            return super().generate(requests, seed)
+
+    c, root = gold_uri
+    cj = load_config(None, [f"run.workdir={c.run.workdir}", "run.seed=7", "meta_eval.protocols=[pointwise, claims]",
+                            "judgments.claim_splitter=judge"])
+    base = root / "gold" / "id-test"
+    gold_rows, _ = meta.read_gold(str(base))
+    out = meta.MetaEvalCore(cj, str(base / "prompts"), str(base / "candidates"),
+                            engine=RecordsSeeds(c.teacher, c.world.shapes))(gold_rows)
+    assert out.rows and len(seeds) == 2 and set(seeds) == {7}  # the splits, then the ratings and claim checks
