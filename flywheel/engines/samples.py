@@ -13,11 +13,10 @@ the one-sample answer); over HTTP one request asking for OpenAI's n choices, whi
 """
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-from flywheel.engines.base import SEED_STRIDE, TextEngine, TextRequest, TextResult
+from flywheel.engines.base import TextEngine, TextRequest, TextResult
 
 # The protocols whose rating or verdict result_fields reads from all samples.
 SAMPLED_PROTOCOLS = ("pointwise", "pairwise", "claims")
@@ -41,14 +40,6 @@ def bundle(samples: Sequence[TextResult]) -> TextResult:
     return TextResult(text=lead.text, error=lead.error, prompt_tokens=sum(s.prompt_tokens for s in samples),
                       completion_tokens=sum(s.completion_tokens for s in samples), logprobs=lead.logprobs,
                       samples=list(samples))
-
-
-async def adraw(run: Callable[[int], Awaitable[list[TextResult]]], seed: int, k: int) -> tuple[list[TextResult], int]:
-    """k concurrent draws of the same requests (`run(seed)` answers them all with that seed; Serve's judge routes,
-    whose requests are all rated): (the results, bundled when k > 1; how many generations that took)."""
-    draws = await asyncio.gather(*(run(seed + s * SEED_STRIDE) for s in range(k)))
-    results = list(draws[0]) if k == 1 else [bundle(x) for x in zip(*draws, strict=True)]
-    return results, sum(len(d) for d in draws)
 
 
 class SampledTextEngine(TextEngine):

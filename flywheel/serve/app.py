@@ -31,7 +31,6 @@ import hmac
 import logging
 import os
 import time
-import uuid
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
@@ -43,7 +42,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from flywheel.config import Config, GenerationConfig
 from flywheel.engines.base import TextEngine, TextRequest, TextResult
-from flywheel.engines.samples import SAMPLED_PROTOCOLS, adraw
+from flywheel.engines.samples import SAMPLED_PROTOCOLS, bundle
 from flywheel.serve.chat import chat_request, chat_response
 from flywheel.serve.judging import Plan, plan_aspects, plan_pairwise, plan_pointwise
 from flywheel.serve.model import ServedModel, local_weights, resolve_served_model
@@ -132,7 +131,7 @@ def token_digest(cfg: Config) -> str | None:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
-Job = tuple[tuple[TextRequest, ...], GenerationConfig, int, str]
+Job = tuple[tuple[TextRequest, ...], GenerationConfig, int]
 
 
 @serve.deployment(name=DEPLOYMENT)
@@ -163,8 +162,8 @@ class JudgeServer:
                  time.perf_counter() - t0)
 
     # ------------------------------------------------------------------ batching
-    # A job: requests answered together (a chat's n copies of one request, or one judge request), their decoding,
-    # seed, and the HTTP call they belong to.
+    # A job: requests answered together (a chat's n copies of one request, or a judging request's judge.samples
+    # copies), their decoding and seed.
     @serve.batch(max_batch_size=16, batch_wait_timeout_s=0.01)  # replaced from config in __init__
     async def _generate(self, jobs: list[Job]) -> list[list[TextResult]]:
         self.batch_sizes[len(jobs)] += 1
@@ -172,13 +171,14 @@ class JudgeServer:
         return await asyncio.to_thread(self._run_jobs, jobs)
 
     def _run_jobs(self, jobs: list[Job]) -> list[list[TextResult]]:
-        """One engine call per group of jobs (usually one), the group one engine batch: the Serve batch is the
-        batch. Greedy jobs of any call share a group (their answers do not depend on their batch-mates); sampled
-        jobs only with jobs of their own call, so a call's samples do not depend on what else arrived at the
-        same time: the same body and seed give the same answers. Runs in one worker thread at a time."""
-        groups: dict[tuple[str, int, str], list[int]] = {}
-        for i, (_, gen, seed, call) in enumerate(jobs):
-            key = (gen.model_dump_json(), seed, call) if gen.temperature > 0 else (gen.model_dump_json(), 0, "")
+        """One engine call per group of jobs, the group one engine batch: the Serve batch is the batch. Greedy jobs
+        with the same decoding share a group (their answers do not depend on their batch-mates); a sampled job is a
+        group of its own, because a sampled answer depends on the batch it is drawn in: so the same request and
+        seed get the same samples whatever else arrived at the same time, or however a call's requests were split
+        between Serve batches. Runs in one worker thread at a time."""
+        groups: dict[tuple[str, int, int], list[int]] = {}
+        for i, (_, gen, seed) in enumerate(jobs):
+            key = (gen.model_dump_json(), seed, i) if gen.temperature > 0 else (gen.model_dump_json(), 0, -1)
             groups.setdefault(key, []).append(i)
         out: list[list[TextResult]] = [[] for _ in jobs]
         for (_, seed, _), idx in groups.items():
@@ -187,10 +187,6 @@ class JudgeServer:
             for (i, _), r in zip(flat, self.engine.generate([r for _, r in flat], seed=seed), strict=True):
                 out[i].append(r)
         return out
-
-    async def _run(self, requests: list[TextRequest], gen: GenerationConfig, seed: int) -> list[TextResult]:
-        call = uuid.uuid4().hex
-        return [r[0] for r in await asyncio.gather(*(self._generate(((r,), gen, seed, call)) for r in requests))]
 
     # ------------------------------------------------------------------ plumbing
     def _auth(self, request: Request) -> None:
@@ -211,11 +207,13 @@ class JudgeServer:
         return {"model": self.cfg.serve.model_name, "model_version": self.served.version}
 
     async def _judge(self, protocol: str, plan: Plan, seed: int) -> dict:
-        # judge.samples answers per pointwise or pairwise request, as make_text_engine's judge gives the loop
+        # judge.samples answers per pointwise or pairwise request, as make_text_engine's judge gives the loop: a
+        # request's k samples are one job, drawn together in one engine batch (as a chat's n choices)
         k = self.cfg.judge.samples if protocol in SAMPLED_PROTOCOLS else 1
-        results, generations = await adraw(lambda s: self._run(plan.requests, self.generation, s), seed, k)
+        answers = await asyncio.gather(*(self._generate(((r,) * k, self.generation, seed)) for r in plan.requests))
+        results = [a[0] if k == 1 else bundle(a) for a in answers]
         usage = {"prompt_tokens": sum(r.prompt_tokens for r in results),
-                 "completion_tokens": sum(r.completion_tokens for r in results), "generations": generations}
+                 "completion_tokens": sum(r.completion_tokens for r in results), "generations": k * len(results)}
         return {**self._meta(), "protocol": protocol, "results": plan.assemble(results), "usage": usage}
 
     # ------------------------------------------------------------------ routes
@@ -270,7 +268,7 @@ class JudgeServer:
                                     f"{self.cfg.serve.model_name!r} ({self.served.version})")
         req, gen, seed = await asyncio.to_thread(chat_request, body, self.limits, self.generation,
                                                  self.max_tokens_cap)
-        results = await self._generate(((req,) * body.n, gen, seed, uuid.uuid4().hex))
+        results = await self._generate(((req,) * body.n, gen, seed))
         if failed := next((r for r in results if not r.ok), None):
             raise RequestError(500, f"generation failed: {failed.error}", "server_error")
         return chat_response(results, self.cfg.serve.model_name, self.served.version, gen.max_new_tokens,

@@ -2,14 +2,12 @@
 rest once; the k answers read as one rating (their mean) or one verdict (their vote), wherever the judge rates."""
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 
 from flywheel.config import Config, load_config
 from flywheel.engines import make_text_engine
-from flywheel.engines.base import TextEngine, TextRequest, TextResult
-from flywheel.engines.samples import SEED_STRIDE, SampledTextEngine, adraw, bundle
+from flywheel.engines.base import SEED_STRIDE, TextEngine, TextRequest, TextResult
+from flywheel.engines.samples import SampledTextEngine, bundle
 from flywheel.judge import pairwise as pw
 from flywheel.judge import pointwise as pt
 from flywheel.stages.judgments import JudgmentsCore
@@ -107,20 +105,6 @@ def test_the_verdict_probabilities_of_the_samples_are_averaged():
             pw.base.fields(parsed={"verdict": "B", "order": "AB", "verdict_probs": {"A": 0.4, "B": 0.6, "tie": 0.0}},
                            verdict="B", analysis="y")]
     assert pw.voted(each, "AB")["parsed"]["verdict_probs"] == pytest.approx({"A": 0.6, "B": 0.4, "tie": 0.0})
-
-
-def test_serve_routes_draw_k_times_and_count_every_generation():
-    seen = []
-
-    async def run(seed):
-        seen.append(seed)
-        return [TextResult(text=f"Analysis: x.\nRating: {1 + seed // SEED_STRIDE}")]
-
-    results, generations = asyncio.run(adraw(run, 5, 3))
-    assert sorted(seen) == [5, 5 + SEED_STRIDE, 5 + 2 * SEED_STRIDE] and generations == 3
-    assert pt.result_fields(results[0])["score"] == pytest.approx(2.0)
-    single, n = asyncio.run(adraw(run, 5, 1))
-    assert single[0].samples is None and n == 1
 
 
 def test_the_judgments_stage_writes_the_mean_rating(cfg):

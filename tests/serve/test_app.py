@@ -317,6 +317,42 @@ def test_a_second_app_is_reached_on_the_port_serve_already_runs(app):
         serve.delete(d.app_name)
 
 
+def test_judge_samples_are_drawn_per_request_reproducibly(app):
+    """An app with judge.samples=4 (a second app on the running proxy): each pointwise or pairwise request is
+    answered 4 times, its samples drawn together in one job of their own, so the same body and seed answer the
+    same beside other calls in flight, and another seed draws other samples. (The tiny judge is random: how the
+    samples' ratings are averaged or voted is tested on scripted judges, tests/engines/test_samples.py.)"""
+    from ray import serve
+
+    from flywheel.config import Config
+    from flywheel.serve.app import deploy
+
+    d = app.cfg.model_dump(mode="json")
+    d["serve"].update(app_name="judge-test-sampled", route_prefix="/sampled", auth_token_env=None)
+    d["judge"]["samples"] = 4
+    d["judge"]["generation"]["temperature"] = 1.0
+    sampled = deploy(Config.model_validate(d))
+    url = sampled.url + "/v1/judge/pointwise"
+    try:
+        body = {"items": [item("red"), item("blue", "Blue."), item("green", "Green.")], "seed": 3}
+        first = requests.post(url, json=body, timeout=120)
+        assert first.status_code == 200, first.text
+        assert first.json()["usage"]["generations"] == 3 * 4  # every sample counted
+        with ThreadPoolExecutor(3) as ex:  # again, beside a call with another seed and one with other items
+            again, other_seed, _ = ex.map(lambda b: requests.post(url, json=b, timeout=120), [
+                body, {**body, "seed": 4}, {"items": [item("white", "White.")] * 2, "seed": 3}])
+        assert again.json()["results"] == first.json()["results"]
+        assert [r["raw"] for r in other_seed.json()["results"]] != [r["raw"] for r in first.json()["results"]]
+        pair = {"items": [{"prompt": item()["prompt"], "candidate_a": {"candidate_id": "a", "output_text": "Red."},
+                           "candidate_b": {"candidate_id": "b", "output_text": "Blue."}}], "seed": 3}
+        r = requests.post(sampled.url + "/v1/judge/pairwise", json=pair, timeout=120)
+        assert r.status_code == 200 and r.json()["usage"]["generations"] == 2 * 4, r.text  # both orders, 4 each
+        r = requests.post(sampled.url + "/v1/judge/aspects", json={"items": [item()], "seed": 3}, timeout=120)
+        assert r.status_code == 200 and r.json()["usage"]["generations"] == 2, r.text  # aspects: answered once
+    finally:
+        serve.delete(sampled.app_name)
+
+
 @pytest.mark.timeout(180)  # unbounded, serve.run waits for the replica for ever
 def test_replicas_no_node_fits_fail_after_the_configured_wait_and_the_app_goes(app, caplog):
     """This box has no GPU: a replica asking one is never placed. The deploy warns at once, gives up after
