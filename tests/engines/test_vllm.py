@@ -11,6 +11,9 @@ outputs differ by input, so equality says more.
 
 Both also return top_logprobs=5: vLLM's per-token log-probabilities must be transformers' (the raw distribution),
 and stay raw when the same engine then samples at a temperature (vLLM could report temperature-scaled ones).
+
+The engine's `sample` (judge.samples) draws a request's k answers in one vLLM request (n=k): k distinct answers,
+the same again for the same seed, others for another seed, the prompt's tokens counted once.
 """
 
 from __future__ import annotations
@@ -95,6 +98,7 @@ def test_vllm_greedy_outputs_equal_transformers(cfg, zoo, tmp_path):
         files.append(names)
     spec = {"models": {k: str(v) for k, v in models.items()}, "generation": generation,
             "vllm": {"max_model_len": 1024}, "resample": {"temperature": 0.7},
+            "samples": {"k": 4, "temperature": 0.7},
             "requests": [{"messages": m, "images": f} for (m, _), f in zip(reqs, files, strict=True)]}
     (tmp_path / "spec.json").write_text(json.dumps(spec))
 
@@ -119,9 +123,26 @@ def test_vllm_greedy_outputs_equal_transformers(cfg, zoo, tmp_path):
             assert v["prompt_tokens"] == h.prompt_tokens, (name, i, v, h)
             spelled_whole += _check_logprobs(v, h, got[f"{name}:resampled"][i], k=5)
         print(f"{name}: {len(hf)} greedy outputs equal, e.g. {hf[0].text!r}", file=sys.stderr)
+        _check_samples(got, name, k=4, varied=name == "sharpened-judge")
     # the sharpened model's outputs differ by input: the comparison is not of one repeated token
     assert len({r["text"] for r in got["sharpened-judge"]}) >= 4
     assert spelled_whole >= len(reqs), spelled_whole  # most lists are not cut short by a special token
+
+
+def _check_samples(got: dict, name: str, k: int, varied: bool) -> None:
+    """k samples per request from VLLMTextEngine.sample: reproducible for a seed, drawn anew for another, each
+    reporting the raw distribution, the prompt counted on the first sample only. varied: a model whose outputs
+    vary (the sharpened one; the zoo's tends to repeat one token), whose k samples must differ."""
+    sampled, again, seed1 = got[f"{name}:sampled"], got[f"{name}:sampled-again"], got[f"{name}:sampled-seed1"]
+    assert [len(x) for x in sampled] == [k] * len(got[name]) and not any(s["error"] for x in sampled for s in x)
+    assert again == sampled  # same requests, same seed: the same samples
+    if varied:
+        assert [[s["text"] for s in x] for x in seed1] != [[s["text"] for s in x] for x in sampled]
+        assert sum(len({s["text"] for s in x}) > 1 for x in sampled) > len(sampled) // 2, sampled  # they differ
+    for x, v in zip(sampled, got[name], strict=True):
+        assert [s["prompt_tokens"] for s in x] == [v["prompt_tokens"]] + [0] * (k - 1)
+        for s in x:  # the first position (same context for every sample): the raw distribution, as greedy
+            assert s["logprobs"][0]["top"] == pytest.approx(v["logprobs"][0]["top"], abs=1e-4)
 
 
 def _check_logprobs(v: dict, h, resampled: dict, k: int) -> bool:

@@ -7,7 +7,9 @@ spec: {"models": {name: path}, "generation": {...}, "vllm": {...}, "requests": [
 "images": [<png file>, ...]}]}; out: {name: [{"text", "error", "prompt_tokens", "completion_tokens",
 "logprobs": null or [{"token", "logprob", "top": {token: logprob}}]}]}. With spec "resample": {<generation
 updates>}, each engine then generates the same requests again with those settings, as the Serve app switches an
-engine's settings per batch; out names those results "<name>:resampled".
+engine's settings per batch; out names those results "<name>:resampled". With spec "samples": {"k", "temperature"},
+each engine then draws k samples of every request (VLLMTextEngine.sample, SamplingParams n=k) twice with seed 0
+and once with seed 1: "<name>:sampled", "<name>:sampled-again", "<name>:sampled-seed1", each [request][sample].
 """
 import json
 import sys
@@ -39,6 +41,11 @@ def main(spec_path: str, out_path: str) -> None:
         if spec.get("resample"):
             engine.generation = engine.generation.model_copy(update=spec["resample"])
             out[f"{name}:resampled"] = [_as_json(r) for r in engine.generate(requests, seed=0)]
+        if spec.get("samples"):
+            k = spec["samples"]["k"]
+            engine.generation = engine.generation.model_copy(update={"temperature": spec["samples"]["temperature"]})
+            for key, seed in (("sampled", 0), ("sampled-again", 0), ("sampled-seed1", 1)):
+                out[f"{name}:{key}"] = [[_as_json(r) for r in x] for x in engine.sample(requests, seed, k)]
         print(f"[vllm] {name}: {len(results)} results in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
         engine.close()
     Path(out_path).write_text(json.dumps(out))
