@@ -87,6 +87,10 @@ def test_cli_eval_asks_the_judge_with_the_runs_seed(tmp_path, monkeypatch):
                                  f"run.workdir={tmp_path}", "run.seed=5"])
     assert r.exit_code == 0, r.output
     assert seeds == [5]
+    r = CliRunner().invoke(app, ["eval", "--data", str(_write(tmp_path)), "--judge", "zoo:judge",
+                                 f"run.workdir={tmp_path}", "judge.samples=3", "judge.generation.temperature=0.7"])
+    assert r.exit_code == 0, r.output
+    assert "judged by zoo:judge, each rated by 3 sampled answers at temperature 0.7" in " ".join(r.output.split())
 
 
 class WritesThreeButLeans(TextEngine):
