@@ -147,8 +147,9 @@ def eval_judge(data: Annotated[str, typer.Option(help="Labeled JSONL (format: fl
     with says_why_it_stopped(console):
         metrics = evaluate_labeled(make_text_engine(cfg, "judge"), items, cfg.judge.prompt_style,
                                    cfg.judge.rating_readout, seed=cfg.run.seed)
-    g, k = cfg.judge.generation, cfg.judge.samples
-    how = f", each rated by {k} sampled answers at temperature {g.temperature:g} (judge.samples)" if k > 1 else ""
+    j = cfg.judge
+    how = (f", each rated by {j.samples} sampled answers at temperature {j.generation.temperature:g} "
+           "(judge.samples)" if j.samples > 1 else "")
     console.print(f"{len(items)} items ({len(refused)} refused) judged by {judge}{how}:")
     for k, v in metrics.items():
         console.print(f"  {k:36s} {v:.4f}")

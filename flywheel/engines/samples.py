@@ -9,7 +9,8 @@ measured the lift: docs/results.md, "Self-consistency").
 
 Requests that read one answer (a rubric, a decomposed step, a claim split, an aspects group) are sent once. The
 samples are drawn by the engine (TextEngine.sample): by default k calls, the first with the caller's seed (so it is
-the one-sample answer); over HTTP one request asking for OpenAI's n choices, which Serve draws in one batch.
+the one-sample answer); vLLM draws them in one request (n=k); over HTTP one request asks for OpenAI's n
+choices, which Serve draws in one batch.
 """
 from __future__ import annotations
 

@@ -176,14 +176,15 @@ class JudgeServer:
         group of its own, because a sampled answer depends on the batch it is drawn in: so the same request and
         seed get the same samples whatever else arrived at the same time, or however a call's requests were split
         between Serve batches. Runs in one worker thread at a time."""
-        groups: dict[tuple[str, int, int], list[int]] = {}
-        for i, (_, gen, seed) in enumerate(jobs):
-            key = (gen.model_dump_json(), seed, i) if gen.temperature > 0 else (gen.model_dump_json(), 0, -1)
+        groups: dict[tuple[str, int | str], list[int]] = {}
+        for i, (_, gen, _) in enumerate(jobs):
+            key = ("sampled", i) if gen.temperature > 0 else ("greedy", gen.model_dump_json())
             groups.setdefault(key, []).append(i)
         out: list[list[TextResult]] = [[] for _ in jobs]
-        for (_, seed, _), idx in groups.items():
+        for idx in groups.values():
+            _, gen, seed = jobs[idx[0]]  # a greedy group's seed changes nothing
             flat = [(i, r) for i in idx for r in jobs[i][0]]
-            self.engine.generation = jobs[idx[0]][1].model_copy(update={"batch_size": len(flat)})
+            self.engine.generation = gen.model_copy(update={"batch_size": len(flat)})
             for (i, _), r in zip(flat, self.engine.generate([r for _, r in flat], seed=seed), strict=True):
                 out[i].append(r)
         return out
