@@ -268,3 +268,13 @@ def test_preference_protocols_must_judge_every_sampled_task():
     ok = load_config(None, ["preferences.protocols={iu: [pointwise, claims]}", "preferences.subtasks=[iu_color]"])
     assert ok.preferences.protocols == {"iu": ["pointwise", "claims"]}  # no ig sub-task sampled: nothing unjudged
     assert load_config(REPO_ROOT / "configs/local_claims.yaml").preferences.protocols["ig"] == ["pointwise"]
+
+
+def test_local_claims_doubles_the_judges_sft_passes_and_keeps_the_rest_of_its_training():
+    """configs/local_claims.yaml names judge_sft.epochs alone; the mapping merges key by key, so the judge still
+    trains at local.yaml's lr, micro-batches and without LoRA (a replaced mapping would reset them to the pydantic
+    defaults silently)."""
+    base = load_config(REPO_ROOT / "configs/local.yaml").train.judge_sft
+    claims = load_config(REPO_ROOT / "configs/local_claims.yaml").train.judge_sft
+    assert claims.epochs == 2 * base.epochs
+    assert claims.model_dump(exclude={"epochs"}) == base.model_dump(exclude={"epochs"})
