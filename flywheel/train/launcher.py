@@ -13,7 +13,8 @@
 - A journal (`journal.jsonl` in the run folder, written by a controller-side callback) lists every committed
   checkpoint; a finished run's final checkpoint holds its export (`export/`, safetensors) and `final.json`.
 - Ctrl-C: the driver waits on `fit()` run in a thread of its own (`fit_interruptibly`), so Ctrl-C raises
-  KeyboardInterrupt in the driver during a training as at any other point of an iteration.
+  KeyboardInterrupt in the driver during a training as at any other point of an iteration, and the run stops
+  with the driver's Ray session even if the caller goes on.
 """
 
 from __future__ import annotations
@@ -205,8 +206,8 @@ def fit_interruptibly(trainer, poll_s: float = 0.2):
     puts the previous one back: after an iteration's first training, Ctrl-C aborted an already finished run and
     the iteration went on, and a third Ctrl-C exited with status 0. Off the main thread it installs none (as under
     Ray Tune), so fit runs in a thread here and the main thread waits on it, where KeyboardInterrupt arrives as
-    anywhere else. The run is then left to the driver's exit, which ends its workers (Ray kills the actors of a
-    driver that is gone); the next launch resumes from its last committed checkpoint."""
+    anywhere else. The run then ends with this process's Ray session (end_ray_session_on_interrupt); the next
+    launch resumes from its last committed checkpoint."""
     out: dict = {}
 
     def fit() -> None:
@@ -217,11 +218,32 @@ def fit_interruptibly(trainer, poll_s: float = 0.2):
 
     thread = threading.Thread(target=fit, name="ray-train-fit", daemon=True)  # daemon: Ctrl-C need not wait
     thread.start()
-    while thread.is_alive():
-        thread.join(poll_s)
+    try:
+        while thread.is_alive():
+            thread.join(poll_s)
+    except KeyboardInterrupt:
+        end_ray_session_on_interrupt()
+        raise
     if "error" in out:
         raise out["error"]
     return out["result"]
+
+
+def end_ray_session_on_interrupt() -> None:
+    """Stop the interrupted run by ending this process's Ray session: Ray ends a driver's actors with it, Ray
+    Train's controller and workers among them (an embedded Ray goes down whole).
+
+    Why not abort the run alone: its controller is an actor without a name, made inside fit(), so there is no
+    handle to call `abort` on (Ray Train's own SIGINT handler holds one, and runs only in the main thread). A
+    process that exits after Ctrl-C loses nothing by this; one that goes on (a notebook, a caller catching
+    KeyboardInterrupt) would otherwise leave the training running on the cluster's CPUs or GPUs. flywheel joins or
+    starts Ray again at its next call."""
+    import ray
+
+    if ray.is_initialized():
+        log.warning("Ctrl-C during a training: ending this process's Ray session, which stops the run; launching "
+                    "it again resumes from its last checkpoint")
+        ray.shutdown()
 
 
 def worker_main(job: dict) -> None:

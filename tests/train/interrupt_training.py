@@ -1,6 +1,7 @@
 """Launch a training that waits for room it never finds, in a process of its own, for the Ctrl-C test: it prints
 FIT-RUNNING once fit() runs, then INTERRUPTED when the Ctrl-C (a SIGINT from the test) reached it as
-KeyboardInterrupt, and whether the SIGINT handler it had before is back.
+KeyboardInterrupt, whether the SIGINT handler it had before is back, and whether the training's Ray processes
+are gone while this process goes on (as a notebook would).
 
     python tests/train/interrupt_training.py <workdir>
 """
@@ -25,14 +26,30 @@ def announce_fit() -> None:
     print("FIT-RUNNING", flush=True)
 
 
+def ray_ended(wait_s: float = 20) -> bool:
+    """Whether Ray is shut down in this process and none of the Ray processes it started (GCS, raylet, the
+    training's controller and workers) is left."""
+    import psutil
+    import ray
+
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        left = [p for p in psutil.Process().children(recursive=True) if p.is_running()
+                and p.status() != psutil.STATUS_ZOMBIE]
+        if not ray.is_initialized() and not left:
+            return True
+        time.sleep(0.2)
+    return False
+
+
 def main() -> None:
     # a terminal's Ctrl-C raises KeyboardInterrupt; a test runner may have started us with SIGINT ignored
     signal.signal(signal.SIGINT, signal.default_int_handler)
     workdir = sys.argv[1]
     start_embedded(2, log_to_driver=False)
-    # three 1-CPU workers on a 2-CPU Ray: the run waits ~6 s for room (3 s, twice), then fails
+    # three 1-CPU workers on a 2-CPU Ray: the run waits ~10 s for room (5 s, twice), then fails
     cfg = load_config(REPO_ROOT / "configs" / "local.yaml", [
-        f"run.workdir={workdir}", "ray.wait_for_actors_s=3", "resources.train.actors=3",
+        f"run.workdir={workdir}", "ray.wait_for_actors_s=5", "resources.train.actors=3",
         "resources.train.num_cpus=1", "train.max_failures=1"])
     job = TrainJob(training="judge_sft", config=cfg.model_dump(mode="json"), data="never-read", base="zoo:judge",
                    run_key="k")
@@ -42,7 +59,7 @@ def main() -> None:
         launch(cfg, job, "interrupted", f"{workdir}/local")
     except KeyboardInterrupt:
         print("INTERRUPTED", "handler-restored" if signal.getsignal(signal.SIGINT) is handler else "handler-lost",
-              flush=True)
+              "ray-ended" if ray_ended() else "ray-left-running", flush=True)
         sys.exit(130)
     except BaseException as e:
         print("NOT-INTERRUPTED", type(e).__name__, e, flush=True)

@@ -87,7 +87,8 @@ def test_a_worker_group_no_cluster_fits_fails_after_the_configured_wait(ray_loca
 @pytest.mark.timeout(180)
 def test_ctrl_c_during_a_training_stops_the_driver(tmp_path):
     """Ctrl-C while fit() runs raises KeyboardInterrupt in the driver, as at any other point of an iteration (Ray
-    Train's own handler would have aborted the run and let the iteration go on to fail or continue).
+    Train's own handler would have aborted the run and let the iteration go on to fail or continue), and the
+    training stops even if the caller catches it and goes on: no Ray process of the driver's is left.
 
     The driver is a process of its own (tests/train/interrupt_training.py): a SIGINT sent into this test process
     that missed its moment (fit() ending first on a loaded box) would abort the whole pytest worker."""
@@ -107,8 +108,8 @@ def test_ctrl_c_during_a_training_stops_the_driver(tmp_path):
         sent = time.monotonic()
         line = _read_until(proc, lines, "INTERRUPTED")
         took = time.monotonic() - sent
-        assert line.split() == ["INTERRUPTED", "handler-restored"], "".join(lines[-30:])
-        assert took < 3  # at once, not when the run ends (~6 s)
+        assert line.split() == ["INTERRUPTED", "handler-restored", "ray-ended"], "".join(lines[-30:])
+        assert took < 6  # at once (Ray's shut-down included), not when the run ends (~10 s)
         assert proc.wait(timeout=60) == 130
     finally:
         if proc.poll() is None:
