@@ -32,11 +32,15 @@ def ray_ended(wait_s: float = 20) -> bool:
     import psutil
     import ray
 
+    def alive(p: psutil.Process) -> bool:
+        try:
+            return p.status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:  # gone between listing and asking
+            return False
+
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:
-        left = [p for p in psutil.Process().children(recursive=True) if p.is_running()
-                and p.status() != psutil.STATUS_ZOMBIE]
-        if not ray.is_initialized() and not left:
+        if not ray.is_initialized() and not any(alive(p) for p in psutil.Process().children(recursive=True)):
             return True
         time.sleep(0.2)
     return False
