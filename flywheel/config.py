@@ -371,6 +371,12 @@ class JudgmentsConfig(StrictModel):
         "of the reference first (RLAIF-V's divide step, flywheel/judge/claim_split.py): the teacher when it "
         "labels, the judge when it rates, so a judge must be able to split (a pretrained instruct VLM). A split "
         "that does not parse fails its candidate's claim checks as a parse failure.")
+    claim_images: bool = Field(
+        True, description="Whether a claim check's request carries the prompt's input images. The check asks "
+        "whether the other text states the claim, strictly from the text, so the images are context a judge may "
+        "use, not evidence; false sends the claim and the text alone (each row records it, so its SFT and DPO rows "
+        "are rebuilt as asked), as meta-eval and the preference stage then ask too. docs/tuning.md, "
+        "judgments.claim_images.")
 
     @field_validator("protocols")
     @classmethod
@@ -731,8 +737,13 @@ class Config(StrictModel):
         picked = {}
         for dotted in STAGE_SECTIONS[stage]:
             node = data
-            for key in dotted.split("."):
-                node = node[key]
+            try:
+                for key in dotted.split("."):
+                    node = node[key]
+            except KeyError:
+                if dotted in HASHED_ONLY_WHEN_SET:
+                    continue  # left out at its default by _hashed: hashed as before the field existed
+                raise
             picked[dotted] = node
         if stage in RENDERS_JUDGE_REQUESTS:
             picked["judge_request_format"] = JUDGE_REQUEST_FORMAT
@@ -750,7 +761,7 @@ HTTP_HOW_NOT_WHAT = ("max_concurrency", "max_retries", "backoff_initial_s", "bac
                      "max_cost_per_stage")
 # Fields added after runs were made, hashed only away from their default (which behaves as before they existed):
 # an upgrade does not redo those runs' finished stages.
-HASHED_ONLY_WHEN_SET = {"judge.samples": 1}
+HASHED_ONLY_WHEN_SET = {"judge.samples": 1, "judgments.claim_images": True}
 # What each stage's output depends on (besides its input datasets, which manifests track by content hash).
 STAGE_SECTIONS: dict[str, tuple[str, ...]] = {
     "prompts": ("run.seed", "world.shapes", "world.suites", "prompts", "limits"),
@@ -765,7 +776,7 @@ STAGE_SECTIONS: dict[str, tuple[str, ...]] = {
     "downstream-policy": ("run.seed", "world.shapes", "gate.eval_items", "policy.generation"),
     "downstream-generator": ("run.seed", "world.shapes", "gate.eval_items", "generator.generation"),
     # how a judge rates those answers, for a judge-scored gate metric (the judge's weights are keyed apart)
-    "downstream-judge": ("judge", "preferences.protocols", "teacher"),
+    "downstream-judge": ("judge", "preferences.protocols", "teacher", "judgments.claim_images"),
     "candidates": ("run.seed", "models.policy", "models.generator", "models.zoo", "policy", "generator",
                    "candidates", "world.base_policies"),
 }

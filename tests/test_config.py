@@ -178,6 +178,28 @@ def test_a_new_judge_request_format_redoes_only_the_stages_that_render_requests(
     assert changed == {"curate", "judgments-judge", "meta-eval-judge", "downstream-judge"}
 
 
+def test_claim_images_at_its_default_hashes_as_before_and_off_redoes_the_stages_that_ask_claims(monkeypatch):
+    import flywheel.config as config
+
+    cfg = Config()
+    now = {s: cfg.stage_hash(s) for s in config.STAGE_SECTIONS} | {"whole": cfg.hash()}
+    dump = Config.model_dump
+
+    def before(self, **kw):  # the config as it was before judgments.claim_images existed
+        d = dump(self, **kw)
+        d["judgments"].pop("claim_images")
+        return d
+
+    with monkeypatch.context() as m:
+        m.setattr(Config, "model_dump", before)
+        assert {s: cfg.stage_hash(s) for s in config.STAGE_SECTIONS} | {"whole": cfg.hash()} == now
+    on, off = load_config(None), load_config(None, ["judgments.claim_images=false"])
+    changed = {s for s in config.STAGE_SECTIONS if off.stage_hash(s) != on.stage_hash(s)}
+    # curate reads it from the rows it rebuilds requests of (parsed.with_images), not from the config
+    assert changed == {"judgments-teacher", "judgments-judge", "meta-eval-teacher", "meta-eval-judge",
+                       "downstream-judge"}
+
+
 def test_every_field_has_a_description():
     def walk(model):
         for name, field in model.model_fields.items():

@@ -21,7 +21,7 @@ from flywheel.judge import decomposed as dc
 from flywheel.judge import pairwise as pw
 from flywheel.judge import pointwise as pt
 from flywheel.judge import rubric as rb
-from flywheel.judge.base import ParseError, images_of, nonblank
+from flywheel.judge.base import ParseError, nonblank
 from flywheel.curate.report import as_json
 
 
@@ -114,7 +114,7 @@ def judge_request(row: dict, ctx: JudgeContext) -> TextRequest:
             parsed = as_json(row.get("parsed"))
             if not isinstance(parsed, dict) or not {"claim", "against"} <= set(parsed):
                 raise Unavailable("no_request", "claims row without parsed claim and against")
-            return cl.build(parsed["claim"], parsed["against"], images_of(prompt, "images"), style=ctx.style)
+            return cl.build(parsed["claim"], parsed["against"], cl.request_images(prompt, parsed), style=ctx.style)
     except (ValueError, TypeError, KeyError) as e:  # GuidelineError / AspectError are ValueErrors
         raise Unavailable("build_error", str(e)) from None
     raise Unavailable("no_request", f"{proto} requests are not rebuilt; pass them in")

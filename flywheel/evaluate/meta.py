@@ -61,6 +61,7 @@ class MetaEvalCore:
         self.protocols = set(cfg.meta_eval.protocols)
         self.claim_subtasks = set(cfg.judgments.claim_subtasks)
         self.splitter = cfg.judgments.claim_splitter
+        self.claim_images = cfg.judgments.claim_images
         self.seed = cfg.run.seed  # the labels stage's seed: a sampling judge (judge.samples) draws as it does there
 
     def __call__(self, gold_rows: list[dict]) -> CoreOutput:
@@ -83,7 +84,8 @@ class MetaEvalCore:
                     req.context = make_context("pairwise", prompt, shown, aspect=g["aspect"], order=order)
                     jobs.append((g, order, req))
             if g["judgment_id"] in splits:
-                for check in claims.checks(prompt, cands[0], splits[g["judgment_id"]], style=self.style):
+                for check in claims.checks(prompt, cands[0], splits[g["judgment_id"]], style=self.style,
+                                            with_images=self.claim_images):
                     check.request.context = make_context("claims", prompt, cands, claim=check.claim,
                                                          against=check.against)
                     jobs.append((g, check, check.request))

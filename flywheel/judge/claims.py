@@ -49,6 +49,7 @@ class ClaimCheck:
     claim: str
     against: str
     request: TextRequest
+    with_images: bool = True  # False: the prompt's images were left out of the request (judgments.claim_images)
 
 
 def build(claim: str, against: str, images: Sequence = (), *, style: str = "compact",
@@ -62,17 +63,26 @@ def build(claim: str, against: str, images: Sequence = (), *, style: str = "comp
 
 
 def checks(prompt: dict, candidate: dict, split: Callable[[str], Sequence[str]], *,
-           style: str = "compact") -> list[ClaimCheck]:
+           style: str = "compact", with_images: bool = True) -> list[ClaimCheck]:
     """The claim checks of one response: its claims against the prompt's reference, the reference's against it.
-    Empty when the prompt has no reference text or the response no text (the caller judges it otherwise)."""
+    Empty when the prompt has no reference text or the response no text (the caller judges it otherwise).
+    with_images=False leaves the prompt's images out of the requests (judgments.claim_images)."""
     reference, (text, _) = prompt.get("reference_text"), base.output_of(candidate)
     if not reference or text is None:
         return []
-    images = base.images_of(prompt, "images")
+    images = base.images_of(prompt, "images") if with_images else []
     rid = candidate.get("candidate_id")
-    out = [ClaimCheck(PRECISION, c, reference, build(c, reference, images, style=style, rid=rid)) for c in split(text)]
-    out += [ClaimCheck(RECALL, c, text, build(c, text, images, style=style, rid=rid)) for c in split(reference)]
-    return out
+
+    def check(side: str, claim: str, against: str) -> ClaimCheck:
+        return ClaimCheck(side, claim, against, build(claim, against, images, style=style, rid=rid), with_images)
+
+    return [check(PRECISION, c, reference) for c in split(text)] + [check(RECALL, c, text) for c in split(reference)]
+
+
+def request_images(prompt: dict, parsed: Mapping) -> list:
+    """The images a claim row's request carried, from its prompt and its parsed fields (`fields`): none when the
+    check was asked without them."""
+    return base.images_of(prompt, "images") if parsed.get("with_images", True) else []
 
 
 def raw_output(check: ClaimCheck, text: str) -> str:
@@ -107,8 +117,9 @@ def fields(check: ClaimCheck, res: TextResult, readout: str = "text") -> dict:
     f = pointwise.result_fields(res, readout)
     if f["parse_error"] is not None:
         return f
+    # with_images is recorded only when False, so rows asked as before any choice existed read as they did
     f["parsed"] = {"group": f"{check.side}: {check.claim}", "side": check.side, "claim": check.claim,
-                   "against": check.against, **f["parsed"]}
+                   "against": check.against, **({} if check.with_images else {"with_images": False}), **f["parsed"]}
     return f
 
 

@@ -383,7 +383,7 @@ class JudgmentsCore:
         """A candidate's claim checks, their requests carrying the oracle's context; [] when there is nothing to
         check (said so in a quarantine when both texts exist yet the split found no claim)."""
         try:
-            checks = cl.checks(p, c, split, style=self.style)
+            checks = cl.checks(p, c, split, style=self.style, with_images=self.jcfg.claim_images)
             for ch in checks:
                 self._with(ch.request, protocol="claims", prompt=p, candidates=[c], sample_k=k, claim=ch.claim,
                            against=ch.against)

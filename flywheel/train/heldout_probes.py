@@ -86,7 +86,8 @@ class JudgeScorer:
         self.cfg, self.engine = cfg, engine
         self.jcfg = JudgmentsConfig(protocols=dict(cfg.preferences.protocols), samples_per_item=1,
                                     max_pairs_per_prompt=1, claim_subtasks=cfg.judgments.claim_subtasks,
-                                    claim_splitter=cfg.judgments.claim_splitter)
+                                    claim_splitter=cfg.judgments.claim_splitter,
+                                    claim_images=cfg.judgments.claim_images)
 
     def __call__(self, prompts: list[dict], outputs: list[dict]) -> dict[str, float]:
         """prompts: records without ids; outputs: per prompt {"output_text": ...} or {"output_images": [...]}.
@@ -298,7 +299,8 @@ class JudgeProbe:
         # claims split by the world's parser whatever judgments.claim_splitter says: the gold claims are its
         core = JudgmentsCore(self.cfg, self.candidates, engine=engine, role="judge",
                              judgments=JudgmentsConfig(protocols=self.protocols, samples_per_item=1,
-                                                       claim_subtasks=self.cfg.judgments.claim_subtasks))
+                                                       claim_subtasks=self.cfg.judgments.claim_subtasks,
+                                                       claim_images=self.cfg.judgments.claim_images))
         res = core(self.prompts)
         pointwise_rows = [r for r in res.rows if r["protocol"] == "pointwise"]
         judged = {r["candidate_ids"][0]: (None if r.get("parse_error") else r["score"]) for r in pointwise_rows}

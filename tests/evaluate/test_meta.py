@@ -367,6 +367,24 @@ def test_claims_meta_eval_checks_only_descriptions_and_rates_them_by_their_claim
     assert 0.5 < m["subtask/iu_caption/pointwise_ranking/accuracy"] <= 1.0  # the claims' own ceiling
 
 
+def test_claims_meta_eval_without_images_asks_the_claim_and_the_text_alone(gold_uri):
+    """judgments.claim_images=False: meta-eval asks each caption claim as the judge was taught (no image; the rows
+    record it, the requests are checked in tests/stages/test_judgments_claims.py), with the text's verdicts."""
+    from flywheel.datasets import read_dataset
+
+    c, root = gold_uri
+    cn = c.model_copy(update={"meta_eval": c.meta_eval.model_copy(update={"protocols": ["pointwise", "claims"]}),
+                              "judgments": c.judgments.model_copy(update={"claim_images": False})})
+    res = meta.run(cn, str(root / "gold"), str(root / "me-claims-text"),
+                   engine_factory=lambda: gold_engine(c.world.shapes))
+    judged = [j for j in read_dataset(str(root / "me-claims-text" / "id-test"))[0].to_pylist()
+              if j["protocol"] == "claims"]
+    prompts = {p["prompt_id"]: p for p in read_dataset(str(root / "gold" / "id-test" / "prompts"))[0].to_pylist()}
+    assert any(prompts[j["prompt_id"]]["images"] for j in judged)  # captions: their prompts have an image
+    assert judged and all(json.loads(j["parsed"])["with_images"] is False for j in judged)
+    assert 0.5 < res["id-test"]["subtask/iu_caption/pointwise_ranking/accuracy"] <= 1.0
+
+
 def test_a_judge_that_splits_claims_itself_is_rated_by_its_own_split(gold_uri):
     """judgments.claim_splitter judge: the judge lists each description's claims before checking them. The
     noiseless oracle's list is the world's parse, so its claim rows are the world splitter's; the random tiny judge

@@ -95,6 +95,28 @@ def test_curation_makes_one_sft_row_per_claim_with_its_request_and_verdict(setup
     assert {r["meta"]["score"] for r in rows} >= {1.0, 5.0}
 
 
+def test_claim_checks_without_images_are_asked_recorded_and_taught_without_them(setup):
+    """judgments.claim_images=False: the caption's claim checks go out without the prompt's image, the rows say
+    so, and curation rebuilds their SFT rows as asked (no image), with the same verdicts as with images."""
+    c, prompts, cands, out = setup
+    c2 = c.model_copy(update={"judgments": c.judgments.model_copy(update={"claim_images": False})})
+    engine = RecordingEngine(OracleTextEngine(c.teacher.model_copy(update={"error_rate": 0.0}), c.world.shapes))
+    out2 = JudgmentsCore(c2, cands, engine=engine)(prompts)
+    captions = {p["prompt_id"] for p in prompts if p["subtask"] == "iu_caption" and p["images"]}
+    assert captions and all(r.images == [] for r in engine.requests)
+    assert all("image" not in str(r.messages) for r in engine.requests)
+    assert all(r["parsed"]["with_images"] is False for r in out2.rows)
+    assert all("with_images" not in r["parsed"] for r in out.rows)  # asked with images: nothing recorded
+    assert sorted((r["parsed"]["claim"], r["score"]) for r in out2.rows) == sorted(
+        (r["parsed"]["claim"], r["score"]) for r in out.rows)
+    with_images = [r for r in curate_judge_data(out.rows, prompts, cands, style=c.judge.prompt_style).sft
+                   if r["protocol"] == "claims"]
+    without = [r for r in curate_judge_data(out2.rows, prompts, cands, style=c.judge.prompt_style).sft
+               if r["protocol"] == "claims"]
+    assert any(r["images"] for r in with_images) and without and not any(r["images"] for r in without)
+    assert all(p["type"] == "text" for r in without for p in r["messages"][0]["content"])
+
+
 def test_the_teacher_refuses_a_claim_this_world_cannot_read(setup):
     from flywheel.worlds.shapes.teacher import OracleTeacher, TeacherError, make_context
 
