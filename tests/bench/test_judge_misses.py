@@ -34,3 +34,23 @@ def test_misses_are_counted_per_kind_of_pair_for_judge_and_teacher(tmp_path):
                                       "wrong_colour": {"n": 2, "judge": 0, "teacher": 1}}
     with pytest.raises(SystemExit, match="iteration 7: cannot read the meta-eval"):
         bench.outcomes(cfg, paths(cfg, 7)["meta-eval"], metric, "iteration 7")
+
+
+def test_claim_checks_are_counted_by_claim_kind_and_gold_rating():
+    def row(cid, claim, score, side="response"):
+        return {"protocol": "claims", "prompt_id": "p", "candidate_ids": [cid], "score": score,
+                "raw_output": f"{side} claim: {claim}\nAnalysis: x\nRating: {score}"}
+
+    rel = "the red circle is to the left of the blue square"
+    gold = [row("a", "a red circle", 5.0), row("a", rel, 5.0), row("b", rel, 1.0), row("b", "a red circle", 2.0),
+            {"protocol": "pointwise", "prompt_id": "p", "candidate_ids": ["a"], "score": 5.0, "raw_output": ""}]
+    prompts = {"p": {"subtask": "iu_caption"}}
+    # the judge's expected ratings round to gold's or not; it reads the relation as absent, and its check of
+    # b's red circle is missing (counted wrong); the teacher misses only that one
+    judge = [row("a", "a red circle", 4.9997), row("a", rel, 1.0002), row("b", rel, 1.0)]
+    teacher = [row("a", "a red circle", 5.0), row("a", rel, 5.0), row("b", rel, 1.0), row("b", "a red circle", 5.0)]
+    assert bench.claim_misses(gold, prompts, {"judge": judge, "teacher": teacher}) == {
+        ("iu_caption", "object", 2): {"n": 1, "judge": 1, "teacher": 1},
+        ("iu_caption", "object", 5): {"n": 1, "judge": 0, "teacher": 0},
+        ("iu_caption", "relation", 1): {"n": 1, "judge": 0, "teacher": 0},
+        ("iu_caption", "relation", 5): {"n": 1, "judge": 1, "teacher": 0}}
