@@ -775,8 +775,10 @@ STAGE_SECTIONS: dict[str, tuple[str, ...]] = {
     # a downstream evaluation's held-out items and decoding (flywheel/evaluate/downstream.py)
     "downstream-policy": ("run.seed", "world.shapes", "gate.eval_items", "policy.generation"),
     "downstream-generator": ("run.seed", "world.shapes", "gate.eval_items", "generator.generation"),
-    # how a judge rates those answers, for a judge-scored gate metric (the judge's weights are keyed apart)
-    "downstream-judge": ("judge", "preferences.protocols", "teacher", "judgments.claim_images"),
+    # how a judge rates those answers, for a judge-scored gate metric (the judge's weights are keyed apart); its
+    # claim checks are asked as the judgments stage asks them (flywheel/train/heldout_probes.py JudgeScorer)
+    "downstream-judge": ("judge", "preferences.protocols", "teacher", "judgments.claim_subtasks",
+                         "judgments.claim_splitter", "judgments.claim_images"),
     "candidates": ("run.seed", "models.policy", "models.generator", "models.zoo", "policy", "generator",
                    "candidates", "world.base_policies"),
 }

@@ -198,6 +198,9 @@ def test_claim_images_at_its_default_hashes_as_before_and_off_redoes_the_stages_
     # curate reads it from the rows it rebuilds requests of (parsed.with_images), not from the config
     assert changed == {"judgments-teacher", "judgments-judge", "meta-eval-teacher", "meta-eval-judge",
                        "downstream-judge"}
+    # so do the other claim settings the judge scorer reads
+    split = load_config(None, ["judgments.claim_splitter=judge"])
+    assert "downstream-judge" in {s for s in config.STAGE_SECTIONS if split.stage_hash(s) != on.stage_hash(s)}
 
 
 def test_every_field_has_a_description():
