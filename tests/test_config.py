@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-from flywheel.config import REPO_ROOT, Config, ConfigError, load_config, parse_override
+from flywheel.config import HASHED_ONLY_WHEN_SET, REPO_ROOT, Config, ConfigError, load_config, parse_override
 
 # Run configs are the top-level YAML files; sub-folders (guidelines/) and aspects.yaml hold data, not run configs.
 SHIPPED = sorted(p for p in (REPO_ROOT / "configs").glob("*.yaml") if p.name != "aspects.yaml")
@@ -178,27 +178,38 @@ def test_a_new_judge_request_format_redoes_only_the_stages_that_render_requests(
     assert changed == {"curate", "judgments-judge", "meta-eval-judge", "downstream-judge"}
 
 
-def test_claim_images_at_its_default_hashes_as_before_and_off_redoes_the_stages_that_ask_claims(monkeypatch):
+# named as well as read from the set, so a field dropped from it fails here
+@pytest.mark.parametrize("dotted", sorted(set(HASHED_ONLY_WHEN_SET) | {"judge.samples", "judgments.claim_images"}))
+def test_a_field_added_later_hashes_at_its_default_as_before_it_existed(monkeypatch, dotted):
+    """Finished stages are not redone after an upgrade, nor finished iterations reported as made with another
+    config, while the new field keeps its default (config.HASHED_ONLY_WHEN_SET)."""
     import flywheel.config as config
 
     cfg = Config()
     now = {s: cfg.stage_hash(s) for s in config.STAGE_SECTIONS} | {"whole": cfg.hash()}
     dump = Config.model_dump
+    *parents, key = dotted.split(".")
 
-    def before(self, **kw):  # the config as it was before judgments.claim_images existed
-        d = dump(self, **kw)
-        d["judgments"].pop("claim_images")
+    def before(self, **kw):  # the config as it was before the field existed
+        d = node = dump(self, **kw)
+        for p in parents:
+            node = node[p]
+        node.pop(key)
         return d
 
-    with monkeypatch.context() as m:
-        m.setattr(Config, "model_dump", before)
-        assert {s: cfg.stage_hash(s) for s in config.STAGE_SECTIONS} | {"whole": cfg.hash()} == now
+    monkeypatch.setattr(Config, "model_dump", before)
+    assert {s: cfg.stage_hash(s) for s in config.STAGE_SECTIONS} | {"whole": cfg.hash()} == now
+
+
+def test_claim_checks_without_images_redo_the_stages_that_ask_claims():
+    import flywheel.config as config
+
     on, off = load_config(None), load_config(None, ["judgments.claim_images=false"])
     changed = {s for s in config.STAGE_SECTIONS if off.stage_hash(s) != on.stage_hash(s)}
     # curate reads it from the rows it rebuilds requests of (parsed.with_images), not from the config
     assert changed == {"judgments-teacher", "judgments-judge", "meta-eval-teacher", "meta-eval-judge",
                        "downstream-judge"}
-    # so do the other claim settings the judge scorer reads
+    # the other claim settings the judge scorer reads key a judge-scored evaluation too
     split = load_config(None, ["judgments.claim_splitter=judge"])
     assert "downstream-judge" in {s for s in config.STAGE_SECTIONS if split.stage_hash(s) != on.stage_hash(s)}
 
