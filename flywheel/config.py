@@ -761,7 +761,8 @@ HTTP_HOW_NOT_WHAT = ("max_concurrency", "max_retries", "backoff_initial_s", "bac
                      "max_cost_per_stage")
 # Fields added after runs were made, hashed only away from their default (which behaves as before they existed):
 # an upgrade does not redo those runs' finished stages.
-HASHED_ONLY_WHEN_SET = {"judge.samples": 1, "judgments.claim_images": True}
+HASHED_ONLY_WHEN_SET = {"judge.samples": 1, "judgments.claim_images": True,
+                        "curate.claim_balance": CurateConfig().claim_balance.model_dump(mode="json")}
 # What each stage's output depends on (besides its input datasets, which manifests track by content hash).
 STAGE_SECTIONS: dict[str, tuple[str, ...]] = {
     "prompts": ("run.seed", "world.shapes", "world.suites", "prompts", "limits"),

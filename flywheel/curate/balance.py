@@ -14,12 +14,12 @@ from __future__ import annotations
 import math
 import random
 from collections import defaultdict
-from collections.abc import Callable, Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 
 import numpy as np
 
 from flywheel.curate.config import ProtocolWeightsConfig, ScoreBalanceConfig, SubtaskRebalanceConfig
-from flywheel.curate.report import FilterReport, make_report, meta_of, num, row_key
+from flywheel.curate.report import FilterReport, as_json, make_report, meta_of, num, row_key
 
 KeyFn = Callable[[dict], "tuple[Hashable, Hashable] | None"]
 
@@ -49,6 +49,18 @@ def score_key(row: dict) -> tuple[Hashable, Hashable] | None:
         return None
     s = num(row.get("score"))
     return None if s is None else ((row.get("protocol"), row.get("aspect")), s)
+
+
+def claim_key(prompts: Mapping[str, dict], kind_of: Callable[[str], Hashable]) -> KeyFn:
+    """Key of the claim balance over kept judgment rows: stratum (the prompt's sub-task, the claim's kind as
+    `kind_of(words)` reads it, None where it cannot), bucket = the claim's rating, i.e. its verdict (flywheel/judge/
+    claims.py). Rows of other protocols, and claim rows without a rating, pass through."""
+    def key(row: dict):
+        parsed, s = as_json(row.get("parsed")), num(row.get("score"))
+        if row.get("protocol") != "claims" or s is None or not isinstance(parsed, dict):
+            return None
+        return ((prompts.get(row.get("prompt_id")) or {}).get("subtask"), kind_of(parsed.get("claim") or "")), s
+    return key
 
 
 def subtask_key(protocols: Sequence[str]) -> KeyFn:
@@ -147,16 +159,15 @@ def cap(rows: Iterable[dict], cap_per_bucket: int, key: KeyFn = score_key, *, se
 
 
 def balance_scores(rows: Iterable[dict], cfg: ScoreBalanceConfig | None = None, *, seed: int = 0,
-                   key: KeyFn = score_key) -> tuple[list[dict], FilterReport]:
+                   key: KeyFn = score_key, name: str = "score_balance") -> tuple[list[dict], FilterReport]:
     """Score balance chosen by config: none | cap (Minos) | q3 (T2I)."""
     cfg = cfg or ScoreBalanceConfig()
     rows = list(rows)
     if cfg.method == "cap":
-        return cap(rows, cfg.cap, key, seed=seed, name="score_balance")
+        return cap(rows, cfg.cap, key, seed=seed, name=name)
     if cfg.method == "q3":
-        return rebalance(rows, key, seed=seed, upsample=cfg.upsample, downsample=cfg.downsample,
-                         name="score_balance")
-    return rows, make_report("score_balance", len(rows), len(rows), {})
+        return rebalance(rows, key, seed=seed, upsample=cfg.upsample, downsample=cfg.downsample, name=name)
+    return rows, make_report(name, len(rows), len(rows), {})
 
 
 def rebalance_subtasks(rows: Iterable[dict], cfg: SubtaskRebalanceConfig | None = None, *,

@@ -3,7 +3,7 @@ FilterReport returned in order (log them with flywheel.curate.metrics).
 
 Judge data (teacher judgments -> judge SFT + judge DPO):
   consistency (k samples -> 1 per item) -> swap consistency (pairwise) -> judge-DPO pairs -> winner-position
-  balance (pairwise) -> SFT rows (decomposed: six sample kinds) -> score balance -> sub-task rebalance ->
+  balance (pairwise) -> claim balance -> SFT rows (decomposed: six sample kinds) -> score balance -> sub-task rebalance ->
   protocol weights.
 Judge-DPO pairs are drawn before position balance (both orders of a consistent item make pairs) and after swap
 consistency (an item whose verdict flips with the order has no trustworthy chosen sample). Balancing runs on
@@ -14,11 +14,11 @@ Policy data (the served judge's judgments of policy samples -> DPO / Diffusion-D
 """
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from flywheel.curate.balance import balance_scores, rebalance_subtasks, weight_protocols
+from flywheel.curate.balance import balance_scores, claim_key, rebalance_subtasks, weight_protocols
 from flywheel.curate.config import CurateConfig
 from flywheel.curate.consistency import consistency_filter, is_parse_error
 from flywheel.curate.judge_io import by_id
@@ -50,8 +50,10 @@ class PolicyData:
 def curate_judge_data(judgments: Iterable[dict], prompts: Iterable[dict] | Mapping[str, dict],
                       candidates: Iterable[dict] | Mapping[str, dict], cfg: CurateConfig | None = None, *,
                       gold: Mapping | None = None, requests: Mapping[str, TextRequest] | None = None,
-                      tree: Any = None, guidelines: Any = None, style: str = "minos") -> JudgeData:
-    """style: the prompt style the judge is trained on (config judge.prompt_style)."""
+                      tree: Any = None, guidelines: Any = None, style: str = "minos",
+                      claim_kind: Callable[[str], Hashable] = lambda _: None) -> JudgeData:
+    """style: the prompt style the judge is trained on (config judge.prompt_style); claim_kind: a claim's kind from
+    its words, what curate.claim_balance balances verdicts within (the world's reading; None: one kind)."""
     cfg = cfg or CurateConfig()
     judgments = list(judgments)
     prompts = by_id(prompts, "prompt_id")  # once: the pairs, the position groups and the SFT rows all look up
@@ -68,6 +70,10 @@ def curate_judge_data(judgments: Iterable[dict], prompts: Iterable[dict] | Mappi
         kept, rep = balance_positions(kept, seed=cfg.seed, group=_position_group(prompts, cfg))
         out.reports.append(rep)
     out.kept = kept
+    if cfg.claim_balance.method != "none":  # on the judgments, which name their claim (SFT rows do not)
+        kept, rep = balance_scores(kept, cfg.claim_balance, seed=cfg.seed, key=claim_key(prompts, claim_kind),
+                                   name="claim_balance")
+        out.reports.append(rep)
     sft, rep = judge_sft(kept, prompts, candidates, **ctx)
     out.reports.append(rep)
     sft, rep = balance_scores(sft, cfg.score_balance, seed=cfg.seed)

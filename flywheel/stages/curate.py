@@ -16,6 +16,7 @@ from flywheel.config import Config
 from flywheel.curate import metrics
 from flywheel.curate.pipeline import curate_judge_data, curate_policy_data
 from flywheel.datasets import Manifest, MissingManifest, read_dataset, read_manifest, write_dataset
+from flywheel.worlds.shapes.claims import claim_kind  # the world's reading of a claim (curate.claim_balance)
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +79,7 @@ def run_judge(cfg: Config, judgments_uri: str, prompts_uri: str, candidates_uri:
 
     def curate(rows):
         return curate_judge_data(rows["judgments"], rows["prompts"], rows["candidates"], cfg.curate,
-                                 style=cfg.judge.prompt_style)
+                                 style=cfg.judge.prompt_style, claim_kind=claim_kind)
 
     inputs = {"judgments": judgments_uri, "prompts": prompts_uri, "candidates": candidates_uri}
     return _run("curate-judge", cfg, inputs, output_uri, JUDGE_OUTPUTS, curate, tracker)

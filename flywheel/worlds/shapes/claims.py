@@ -126,3 +126,12 @@ def read_claim(words: str) -> Claim:
     if found is None:
         raise ValueError(f"not a claim of this world: {words!r}")
     return found
+
+
+def claim_kind(words: str) -> str | None:
+    """The kind of claim these words state ("object" | "relation"), None when they state none of this world's:
+    what curation balances claim verdicts within (curate.claim_balance)."""
+    try:
+        return read_claim(words).kind
+    except ValueError:
+        return None
