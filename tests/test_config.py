@@ -179,7 +179,8 @@ def test_a_new_judge_request_format_redoes_only_the_stages_that_render_requests(
 
 
 # named as well as read from the set, so a field dropped from it fails here
-@pytest.mark.parametrize("dotted", sorted(set(HASHED_ONLY_WHEN_SET) | {"judge.samples", "judgments.claim_images"}))
+@pytest.mark.parametrize("dotted", sorted(set(HASHED_ONLY_WHEN_SET) | {"judge.samples", "judgments.claim_images",
+                                                                         "curate.claim_balance"}))
 def test_a_field_added_later_hashes_at_its_default_as_before_it_existed(monkeypatch, dotted):
     """Finished stages are not redone after an upgrade, nor finished iterations reported as made with another
     config, while the new field keeps its default (config.HASHED_ONLY_WHEN_SET)."""
@@ -212,6 +213,14 @@ def test_claim_checks_without_images_redo_the_stages_that_ask_claims():
     # the other claim settings the judge scorer reads key a judge-scored evaluation too
     split = load_config(None, ["judgments.claim_splitter=judge"])
     assert "downstream-judge" in {s for s in config.STAGE_SECTIONS if split.stage_hash(s) != on.stage_hash(s)}
+
+
+def test_a_claim_balance_redoes_curation_alone():
+    import flywheel.config as config
+
+    plain, balanced = load_config(None), load_config(None, ["curate.claim_balance.method=q3"])
+    assert {s for s in config.STAGE_SECTIONS if balanced.stage_hash(s) != plain.stage_hash(s)} == {"curate"}
+    assert balanced.hash() != plain.hash()
 
 
 def test_every_field_has_a_description():

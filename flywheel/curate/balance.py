@@ -14,12 +14,12 @@ from __future__ import annotations
 import math
 import random
 from collections import defaultdict
-from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 
 import numpy as np
 
 from flywheel.curate.config import ProtocolWeightsConfig, ScoreBalanceConfig, SubtaskRebalanceConfig
-from flywheel.curate.report import FilterReport, as_json, make_report, meta_of, num, row_key
+from flywheel.curate.report import FilterReport, make_report, meta_of, num, row_key
 
 KeyFn = Callable[[dict], "tuple[Hashable, Hashable] | None"]
 
@@ -51,15 +51,16 @@ def score_key(row: dict) -> tuple[Hashable, Hashable] | None:
     return None if s is None else ((row.get("protocol"), row.get("aspect")), s)
 
 
-def claim_key(prompts: Mapping[str, dict], kind_of: Callable[[str], Hashable]) -> KeyFn:
-    """Key of the claim balance over kept judgment rows: stratum (the prompt's sub-task, the claim's kind as
-    `kind_of(words)` reads it, None where it cannot), bucket = the claim's rating, i.e. its verdict (flywheel/judge/
-    claims.py). Rows of other protocols, and claim rows without a rating, pass through."""
+def claim_key(kind_of: Callable[[str], Hashable]) -> KeyFn:
+    """Key of the claim balance over SFT rows: stratum (the row's sub-task, the claim's kind as `kind_of(words)`
+    reads it, None where it cannot), bucket = the claim's rating, i.e. its verdict (flywheel/judge/claims.py). Rows of
+    other protocols pass through."""
     def key(row: dict):
-        parsed, s = as_json(row.get("parsed")), num(row.get("score"))
-        if row.get("protocol") != "claims" or s is None or not isinstance(parsed, dict):
+        m = meta_of(row)
+        s = num(m.get("score"))
+        if row.get("protocol") != "claims" or s is None:
             return None
-        return ((prompts.get(row.get("prompt_id")) or {}).get("subtask"), kind_of(parsed.get("claim") or "")), s
+        return (row.get("subtask"), kind_of(m.get("claim") or "")), s
     return key
 
 

@@ -137,8 +137,8 @@ class CurateConfig(StrictModel):
         ScoreBalanceConfig(method="none"), description="Verdict balance of claim checks (which score_balance leaves "
         "alone): a claim's ratings (5 stated, 3 another count, 2 another colour or shape, 1 absent) balanced against "
         "each other within each prompt sub-task and claim kind (object, relation: the world's reading of the claim), "
-        "on the kept judgments before their SFT rows are made. E.g. {method: q3} evens out relations the teacher "
-        "found absent four times as often as stated. Default none: claims kept as labelled.")
+        "on the SFT rows after the score balance (so after duplicates fold). E.g. {method: q3} evens out relations "
+        "the teacher found absent four times as often as stated. Default none: claims kept as labelled.")
     subtask_rebalance: SubtaskRebalanceConfig = Field(SubtaskRebalanceConfig(), description="T2I sub-task "
                                                       "rebalance of the SFT set.")
     protocol_weights: ProtocolWeightsConfig = Field(ProtocolWeightsConfig(), description="Each protocol's share "

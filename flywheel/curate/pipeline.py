@@ -3,8 +3,8 @@ FilterReport returned in order (log them with flywheel.curate.metrics).
 
 Judge data (teacher judgments -> judge SFT + judge DPO):
   consistency (k samples -> 1 per item) -> swap consistency (pairwise) -> judge-DPO pairs -> winner-position
-  balance (pairwise) -> claim balance -> SFT rows (decomposed: six sample kinds) -> score balance -> sub-task rebalance ->
-  protocol weights.
+  balance (pairwise) -> SFT rows (decomposed: six sample kinds) -> score balance -> claim balance -> sub-task
+  rebalance -> protocol weights.
 Judge-DPO pairs are drawn before position balance (both orders of a consistent item make pairs) and after swap
 consistency (an item whose verdict flips with the order has no trustworthy chosen sample). Balancing runs on
 the SFT rows, so the decomposed protocol's per-question scores are balanced as the T2I paper does.
@@ -70,14 +70,14 @@ def curate_judge_data(judgments: Iterable[dict], prompts: Iterable[dict] | Mappi
         kept, rep = balance_positions(kept, seed=cfg.seed, group=_position_group(prompts, cfg))
         out.reports.append(rep)
     out.kept = kept
-    if cfg.claim_balance.method != "none":  # on the judgments, which name their claim (SFT rows do not)
-        kept, rep = balance_scores(kept, cfg.claim_balance, seed=cfg.seed, key=claim_key(prompts, claim_kind),
-                                   name="claim_balance")
-        out.reports.append(rep)
     sft, rep = judge_sft(kept, prompts, candidates, **ctx)
     out.reports.append(rep)
     sft, rep = balance_scores(sft, cfg.score_balance, seed=cfg.seed)
     out.reports.append(rep)
+    if cfg.claim_balance.method != "none":
+        sft, rep = balance_scores(sft, cfg.claim_balance, seed=cfg.seed, key=claim_key(claim_kind),
+                                  name="claim_balance")
+        out.reports.append(rep)
     sft, rep = rebalance_subtasks(sft, cfg.subtask_rebalance, seed=cfg.seed)
     out.reports.append(rep)
     out.sft, rep = weight_protocols(sft, cfg.protocol_weights, seed=cfg.seed)

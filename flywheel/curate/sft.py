@@ -6,7 +6,8 @@ Row fields: images + messages (the request, then the assistant target); task = t
 subtask = the prompt's sub-task, or for decomposed samples the sample kind (content_extraction, ...,
 summary_scoring: what the T2I sub-task rebalance balances); source_ids = [judgment_id, prompt_id,
 *candidate_ids]; meta = {"judgment_id", "score" (the target's rating / 0..10 score, for score balance),
-"aspect", "verdict", "order", and for decomposed samples "sample_key", "dimension", "prompt_subtask"}.
+"aspect", "verdict", "order", for claim checks "claim" (its words, for the claim balance), and for decomposed
+samples "sample_key", "dimension", "prompt_subtask"}.
 The same row made from two different judgments (e.g. per-aspect rows sharing one raw output) is kept once
 ("duplicate"); a judgment row repeated in the input (by balancing) is repeated in the output.
 """
@@ -126,8 +127,10 @@ def _single(row: dict, ctx: JudgeContext) -> dict:
     prompt, _ = ctx.rows_of(row)
     request, target = judge_request(row, ctx), judge_target(row)
     jid = judgment_id(row)
+    parsed = as_json(row.get("parsed")) if row["protocol"] == "claims" else None
     meta = {"judgment_id": jid, "score": num(row.get("score")), "aspect": row.get("aspect"),
-            "verdict": row.get("verdict"), "order": row.get("order")}
+            "verdict": row.get("verdict"), "order": row.get("order"),
+            "claim": parsed.get("claim") if isinstance(parsed, dict) else None}  # what curate.claim_balance reads
     return sft_row(request, target, task=prompt["task"], protocol=row["protocol"], subtask=prompt.get("subtask"),
                    source_ids=[jid, prompt["prompt_id"], *row["candidate_ids"]],
                    meta={k: v for k, v in meta.items() if v is not None})

@@ -6,8 +6,8 @@ import pytest
 from curate_helpers import candidate, check_report, pairwise, pointwise, prompt
 from pydantic import ValidationError
 
-from flywheel.curate.balance import (balance_scores, cap, q3_target, rebalance, rebalance_subtasks, score_key,
-                                     weight_protocols)
+from flywheel.curate.balance import (balance_scores, cap, claim_key, q3_target, rebalance, rebalance_subtasks,
+                                     score_key, weight_protocols)
 from flywheel.curate.config import ProtocolWeightsConfig, ScoreBalanceConfig, SubtaskRebalanceConfig
 from flywheel.curate.report import row_key
 
@@ -115,6 +115,29 @@ def test_claim_checks_pass_through_the_score_balance_as_verdicts_do():
     out, rep = rebalance(rows, score_key, seed=0)
     assert sorted(r["sft_id"] for r in out) == sorted(r["sft_id"] for r in rows)  # nothing cut, nothing repeated
     assert rep.stats["passed_through"] == len(rows)
+
+
+def test_claim_verdicts_balance_within_sub_task_and_claim_kind():
+    """curate.claim_balance: a claim's ratings balanced against each other within (sub-task, kind), so relations
+    the teacher mostly found absent stop teaching the judge that relations are absent; other rows pass through."""
+    def claim(subtask, words, score, i):
+        return {"sft_id": f"sf_{subtask}_{words}_{score}_{i}", "messages": "[]", "protocol": "claims",
+                "subtask": subtask, "meta": {"score": score, "claim": words}}
+    sizes = {("iu_caption", "rel", 1): 9, ("iu_caption", "rel", 5): 3, ("iu_caption", "obj", 5): 4,
+             ("iu_caption", "obj", 2): 4, ("scene", "rel", 1): 2, ("scene", "rel", 5): 6}
+    rows = [claim(*bucket, i) for bucket, n in sizes.items() for i in range(n)]
+    other = {"sft_id": "sf_pointwise", "messages": "[]", "protocol": "pointwise", "meta": {"score": 3}}
+    key = claim_key({"rel": "relation", "obj": "object"}.get)
+    assert key(rows[0]) == (("iu_caption", "relation"), 1) and key(other) is None
+    assert key({**rows[0], "meta": {"claim": "rel"}}) is None  # no rating, no verdict to balance
+    out, rep = balance_scores(rows + [other], ScoreBalanceConfig(method="q3"), key=key, name="claim_balance")
+    got = Counter((r["subtask"], r["meta"]["claim"], r["meta"]["score"]) for r in out[:-1])
+    # caption relations: Q3 of [9, 3] = 7.5 -> 8 each; objects already even; scene relations: Q3 of [2, 6] = 5
+    assert got == {("iu_caption", "rel", 1): 8, ("iu_caption", "rel", 5): 8, ("iu_caption", "obj", 5): 4,
+                   ("iu_caption", "obj", 2): 4, ("scene", "rel", 1): 5, ("scene", "rel", 5): 5}
+    assert out[-1] is other and rep.name == "claim_balance"
+    check_report(rep, len(rows) + 1, len(rows) + 1 - 2 + 8, {"downsampled": 2}, passed_through=1, strata=3, buckets=6,
+                 added=8)
 
 
 def test_balance_scores_by_config():

@@ -139,3 +139,46 @@ def test_config_is_strict_and_documented():
         CurateConfig.model_validate({"consistency": {"min_agreemnt": 0.5}})
     cfg = CurateConfig.model_validate({"score_balance": {"method": "cap", "cap": 100}, "seed": 7})
     assert cfg.score_balance.cap == 100
+
+
+def test_claim_balance_evens_the_verdicts_of_the_claim_sft_rows_by_the_worlds_reading():
+    """The world's claim kinds reach the balance: caption relations the teacher found absent three times as often as
+    stated become as many stated as absent SFT rows; objects are balanced apart. Default: no claim balance."""
+    from flywheel.engines.base import TextResult
+    from flywheel.judge import claims as cl
+    from flywheel.worlds.shapes.claims import claim_kind, claim_texts, read_claim, verdict
+
+    ref = "A red circle and a blue square. The red circle is to the left of the blue square."
+    p = prompt("Describe the image.", subtask="iu_caption", images=[png(1)], reference_text=ref)
+    texts = ["A red circle and a blue square. The blue square is to the left of the red circle.",
+             "A red circle and a blue square. The red circle is above the blue square.",
+             "A red circle and a blue square. The red circle is below the blue square.",
+             "A red circle and a green square. The red circle is to the left of the blue square."]
+    rows = []
+    for i, t in enumerate(texts):
+        c = candidate(p, t, index=i)
+        for ch in cl.checks(p, c, claim_texts):
+            analysis, rating = verdict(read_claim(ch.claim), ch.against)
+            out = f"Analysis: {analysis}\nRating: {rating}"
+            rows.append(_row(p, [c["candidate_id"]], "claims", 0, cl.raw_output(ch, out),
+                             cl.fields(ch, TextResult(text=out))))
+    cands = [candidate(p, t, index=i) for i, t in enumerate(texts)]
+
+    def sft_counts(cfg):
+        got = curate_judge_data(rows, [p], cands, cfg, claim_kind=claim_kind)
+        claim = Counter()
+        for r in got.sft:  # the row names its claim, the words its request asks about
+            asked = "".join(x.get("text") or "" for x in r["messages"][0]["content"])
+            assert f'the claim is "{r["meta"]["claim"]}"' in asked
+            claim[(claim_kind(r["meta"]["claim"]), r["meta"]["score"])] += 1
+        return claim, [rep.name for rep in got.reports]
+
+    plain, names = sft_counts(CurateConfig())
+    assert "claim_balance" not in names
+    # relations: the reference's one is stated by the 4th text only; 3 responses' own relations are absent
+    assert plain[("relation", 5.0)] == 2 and plain[("relation", 1.0)] == 6
+    balanced, names = sft_counts(CurateConfig(claim_balance=ScoreBalanceConfig(method="q3")))
+    assert names.index("claim_balance") == names.index("score_balance") + 1
+    assert balanced[("relation", 5.0)] == balanced[("relation", 1.0)] == 5  # Q3 of [6, 2] = 5
+    objects = {k: v for k, v in balanced.items() if k[0] == "object"}
+    assert len(set(objects.values())) == 1 and len(objects) == len({k for k in plain if k[0] == "object"})
