@@ -8,6 +8,7 @@ from flywheel.worlds.shapes.claims import (
     EXACT,
     OTHER_ATTRIBUTE,
     OTHER_COUNT,
+    claim_kind,
     misread,
     split_claims,
     verdict,
@@ -23,6 +24,13 @@ def test_a_caption_splits_into_its_object_groups_then_its_relations():
         "two red circles", "a blue square", "the blue square is to the left of the red circle"]
     assert _texts("An orange triangle.") == ["an orange triangle"]
     assert _texts("A triangle.") == ["a triangle"]  # no colour named: the claim names none
+
+
+def test_a_claims_kind_is_read_from_its_words_alone():
+    """What curate.claim_balance balances within: words that are not exactly one claim of this world have no kind."""
+    assert claim_kind("two red circles") == "object"
+    assert claim_kind("the blue square is to the left of the red circle") == "relation"
+    assert claim_kind("a red dog") is claim_kind("A red circle and a blue square.") is claim_kind("") is None
 
 
 def test_text_without_shapes_and_negated_relations_make_no_claims():
