@@ -377,6 +377,12 @@ class JudgmentsConfig(StrictModel):
         "use, not evidence; false sends the claim and the text alone (each row records it, so its SFT and DPO rows "
         "are rebuilt as asked), as meta-eval and the preference stage then ask too. docs/tuning.md, "
         "judgments.claim_images.")
+    claim_context: Literal["text", "sentences"] = Field(
+        "text", description="What a claim is checked against: `text`, the whole other text; `sentences`, for a "
+        "relation claim only the other text's sentences that name both its objects (the world's reading of the "
+        "claim; the verdict is the same, the text to read a sentence or two). Each row records the text it was "
+        "checked against (parsed.against), so its SFT and DPO rows are rebuilt as asked. docs/tuning.md, "
+        "judgments.claim_context.")
 
     @field_validator("protocols")
     @classmethod
@@ -761,7 +767,7 @@ HTTP_HOW_NOT_WHAT = ("max_concurrency", "max_retries", "backoff_initial_s", "bac
                      "max_cost_per_stage")
 # Fields added after runs were made, hashed only away from their default (which behaves as before they existed):
 # an upgrade does not redo those runs' finished stages.
-HASHED_ONLY_WHEN_SET = {"judge.samples": 1, "judgments.claim_images": True,
+HASHED_ONLY_WHEN_SET = {"judge.samples": 1, "judgments.claim_images": True, "judgments.claim_context": "text",
                         "curate.claim_balance": CurateConfig().claim_balance.model_dump(mode="json")}
 # What each stage's output depends on (besides its input datasets, which manifests track by content hash).
 STAGE_SECTIONS: dict[str, tuple[str, ...]] = {
@@ -779,7 +785,7 @@ STAGE_SECTIONS: dict[str, tuple[str, ...]] = {
     # how a judge rates those answers, for a judge-scored gate metric (the judge's weights are keyed apart); its
     # claim checks are asked as the judgments stage asks them (flywheel/train/heldout_probes.py JudgeScorer)
     "downstream-judge": ("judge", "preferences.protocols", "teacher", "judgments.claim_subtasks",
-                         "judgments.claim_splitter", "judgments.claim_images"),
+                         "judgments.claim_splitter", "judgments.claim_images", "judgments.claim_context"),
     "candidates": ("run.seed", "models.policy", "models.generator", "models.zoo", "policy", "generator",
                    "candidates", "world.base_policies"),
 }

@@ -179,8 +179,8 @@ def test_a_new_judge_request_format_redoes_only_the_stages_that_render_requests(
 
 
 # named as well as read from the set, so a field dropped from it fails here
-@pytest.mark.parametrize("dotted", sorted(set(HASHED_ONLY_WHEN_SET) | {"judge.samples", "judgments.claim_images",
-                                                                         "curate.claim_balance"}))
+@pytest.mark.parametrize("dotted", sorted(set(HASHED_ONLY_WHEN_SET) | {
+    "judge.samples", "judgments.claim_images", "judgments.claim_context", "curate.claim_balance"}))
 def test_a_field_added_later_hashes_at_its_default_as_before_it_existed(monkeypatch, dotted):
     """Finished stages are not redone after an upgrade, nor finished iterations reported as made with another
     config, while the new field keeps its default (config.HASHED_ONLY_WHEN_SET)."""
@@ -213,6 +213,15 @@ def test_claim_checks_without_images_redo_the_stages_that_ask_claims():
     # the other claim settings the judge scorer reads key a judge-scored evaluation too
     split = load_config(None, ["judgments.claim_splitter=judge"])
     assert "downstream-judge" in {s for s in config.STAGE_SECTIONS if split.stage_hash(s) != on.stage_hash(s)}
+
+
+def test_claims_checked_against_their_sentences_redo_the_stages_that_ask_claims():
+    import flywheel.config as config
+
+    whole, narrowed = load_config(None), load_config(None, ["judgments.claim_context=sentences"])
+    # curate reads the text each check was asked against from its rows (parsed.against), not from the config
+    assert {s for s in config.STAGE_SECTIONS if narrowed.stage_hash(s) != whole.stage_hash(s)} == {
+        "judgments-teacher", "judgments-judge", "meta-eval-teacher", "meta-eval-judge", "downstream-judge"}
 
 
 def test_a_claim_balance_redoes_curation_alone():

@@ -38,7 +38,7 @@ from flywheel.judge import claim_split, claims, pairwise, pointwise
 from flywheel.judge.base import error_fields
 from flywheel.records import config_hash
 from flywheel.stages.runner import CoreOutput, run_stage, up_to_date
-from flywheel.worlds.shapes.claims import claim_texts  # the world's claim splitter (judgments.claim_splitter)
+from flywheel.worlds.shapes.claims import claim_context, claim_texts  # the world's claim splitter and context
 from flywheel.worlds.shapes.teacher import make_context  # ground truth for the oracle; models ignore it
 
 log = logging.getLogger(__name__)
@@ -62,6 +62,7 @@ class MetaEvalCore:
         self.claim_subtasks = set(cfg.judgments.claim_subtasks)
         self.splitter = cfg.judgments.claim_splitter
         self.claim_images = cfg.judgments.claim_images
+        self.claim_context = claim_context(cfg.judgments.claim_context)
         self.seed = cfg.run.seed  # the labels stage's seed: a sampling judge (judge.samples) draws as it does there
 
     def __call__(self, gold_rows: list[dict]) -> CoreOutput:
@@ -85,7 +86,7 @@ class MetaEvalCore:
                     jobs.append((g, order, req))
             if g["judgment_id"] in splits:
                 for check in claims.checks(prompt, cands[0], splits[g["judgment_id"]], style=self.style,
-                                            with_images=self.claim_images):
+                                            with_images=self.claim_images, context=self.claim_context):
                     check.request.context = make_context("claims", prompt, cands, claim=check.claim,
                                                          against=check.against)
                     jobs.append((g, check, check.request))

@@ -63,10 +63,12 @@ def build(claim: str, against: str, images: Sequence = (), *, style: str = "comp
 
 
 def checks(prompt: dict, candidate: dict, split: Callable[[str], Sequence[str]], *,
-           style: str = "compact", with_images: bool = True) -> list[ClaimCheck]:
+           style: str = "compact", with_images: bool = True,
+           context: Callable[[str, str], str] | None = None) -> list[ClaimCheck]:
     """The claim checks of one response: its claims against the prompt's reference, the reference's against it.
     Empty when the prompt has no reference text or the response no text (the caller judges it otherwise).
-    with_images=False leaves the prompt's images out of the requests (judgments.claim_images)."""
+    with_images=False leaves the prompt's images out of the requests (judgments.claim_images); context(claim, text)
+    narrows the text a claim is checked against (judgments.claim_context; None: the whole text)."""
     reference, (text, _) = prompt.get("reference_text"), base.output_of(candidate)
     if not reference or text is None:
         return []
@@ -74,6 +76,7 @@ def checks(prompt: dict, candidate: dict, split: Callable[[str], Sequence[str]],
     rid = candidate.get("candidate_id")
 
     def check(side: str, claim: str, against: str) -> ClaimCheck:
+        against = context(claim, against) if context else against
         return ClaimCheck(side, claim, against, build(claim, against, images, style=style, rid=rid), with_images)
 
     return [check(PRECISION, c, reference) for c in split(text)] + [check(RECALL, c, text) for c in split(reference)]

@@ -52,7 +52,7 @@ from flywheel.judge import rubric as rb
 from flywheel.judge.base import ParseError, error_fields
 from flywheel.records import make_id
 from flywheel.stages.runner import CoreOutput, StageResult, run_stage
-from flywheel.worlds.shapes.claims import claim_texts  # the world's claim splitter (judgments.claim_splitter)
+from flywheel.worlds.shapes.claims import claim_context, claim_texts  # the world's claim splitter and context
 from flywheel.worlds.shapes.teacher import make_context
 
 log = logging.getLogger(__name__)
@@ -383,7 +383,8 @@ class JudgmentsCore:
         """A candidate's claim checks, their requests carrying the oracle's context; [] when there is nothing to
         check (said so in a quarantine when both texts exist yet the split found no claim)."""
         try:
-            checks = cl.checks(p, c, split, style=self.style, with_images=self.jcfg.claim_images)
+            checks = cl.checks(p, c, split, style=self.style, with_images=self.jcfg.claim_images,
+                               context=claim_context(self.jcfg.claim_context))
             for ch in checks:
                 self._with(ch.request, protocol="claims", prompt=p, candidates=[c], sample_k=k, claim=ch.claim,
                            against=ch.against)

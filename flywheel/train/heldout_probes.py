@@ -87,7 +87,8 @@ class JudgeScorer:
         self.jcfg = JudgmentsConfig(protocols=dict(cfg.preferences.protocols), samples_per_item=1,
                                     max_pairs_per_prompt=1, claim_subtasks=cfg.judgments.claim_subtasks,
                                     claim_splitter=cfg.judgments.claim_splitter,
-                                    claim_images=cfg.judgments.claim_images)
+                                    claim_images=cfg.judgments.claim_images,
+                                    claim_context=cfg.judgments.claim_context)
 
     def __call__(self, prompts: list[dict], outputs: list[dict]) -> dict[str, float]:
         """prompts: records without ids; outputs: per prompt {"output_text": ...} or {"output_images": [...]}.
@@ -300,7 +301,8 @@ class JudgeProbe:
         core = JudgmentsCore(self.cfg, self.candidates, engine=engine, role="judge",
                              judgments=JudgmentsConfig(protocols=self.protocols, samples_per_item=1,
                                                        claim_subtasks=self.cfg.judgments.claim_subtasks,
-                                                       claim_images=self.cfg.judgments.claim_images))
+                                                       claim_images=self.cfg.judgments.claim_images,
+                                                       claim_context=self.cfg.judgments.claim_context))
         res = core(self.prompts)
         pointwise_rows = [r for r in res.rows if r["protocol"] == "pointwise"]
         judged = {r["candidate_ids"][0]: (None if r.get("parse_error") else r["score"]) for r in pointwise_rows}

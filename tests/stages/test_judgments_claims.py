@@ -15,7 +15,7 @@ from flywheel.engines.oracle import OracleTextEngine, RecordingEngine
 from flywheel.judge import claims
 from flywheel.records import make_id, validate, with_ids
 from flywheel.stages.judgments import JudgmentsCore
-from flywheel.worlds.shapes.claims import claim_texts, read_claim, verdict
+from flywheel.worlds.shapes.claims import claim_texts, read_claim, relation_sentences, verdict
 from flywheel.worlds.shapes.gold import gold_candidates
 from flywheel.worlds.shapes.suites import SuitesConfig, generate
 
@@ -115,6 +115,33 @@ def test_claim_checks_without_images_are_asked_recorded_and_taught_without_them(
                if r["protocol"] == "claims"]
     assert any(r["images"] for r in with_images) and without and not any(r["images"] for r in without)
     assert all(p["type"] == "text" for r in without for p in r["messages"][0]["content"])
+
+
+def test_relation_claims_checked_against_their_sentences_keep_their_verdicts_and_teach_that_text(setup):
+    """judgments.claim_context=sentences: a relation claim goes out with only the sentences of the other text that
+    name both its objects, an object claim with the whole text; the teacher's ratings are those of the whole text,
+    and curation teaches the text each check was asked against."""
+    c, prompts, cands, out = setup
+    c2 = c.model_copy(update={"judgments": c.judgments.model_copy(update={"claim_context": "sentences"})})
+    out2 = JudgmentsCore(c2, cands, engine=OracleTextEngine(c.teacher.model_copy(update={"error_rate": 0.0}),
+                                                            c.world.shapes))(prompts)
+    whole = {(r["candidate_ids"][0], r["parsed"]["group"], r["sample_k"]): r for r in out.rows}
+    kinds = Counter()
+    for r in out2.rows:
+        before = whole[(r["candidate_ids"][0], r["parsed"]["group"], r["sample_k"])]
+        kind = read_claim(r["parsed"]["claim"]).kind
+        kinds[kind, r["parsed"]["against"] == before["parsed"]["against"]] += 1
+        assert r["score"] == before["score"]
+        if kind == "relation":  # its sentences, in the whole text's order
+            assert r["parsed"]["against"] == relation_sentences(r["parsed"]["claim"], before["parsed"]["against"])
+    assert len(out2.rows) == len(out.rows)
+    assert kinds[("relation", False)] and not kinds[("object", False)]
+    sft = [r for r in curate_judge_data(out2.rows, prompts, cands, style=c.judge.prompt_style).sft
+           if r["protocol"] == "claims"]
+    asked = {(r["parsed"]["claim"], r["parsed"]["against"]) for r in out2.rows}
+    for r in sft:
+        user = "".join(p.get("text", "") for p in r["messages"][0]["content"] if p["type"] == "text")
+        assert re.search(r'[Tt]he claim is "([^"]*)", the text is "([^"]*)"\.$', user).groups() in asked
 
 
 def test_the_teacher_refuses_a_claim_this_world_cannot_read(setup):

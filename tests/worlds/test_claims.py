@@ -1,6 +1,8 @@
 """The world's claim splitter and the oracle's verdict on one claim: the claim checks' targets and their ceiling
 (bench/judge_claims.py), so a wrong verdict would teach the judge the wrong look-up."""
 
+from collections import Counter
+
 import pytest
 
 from flywheel.worlds.shapes.claims import (
@@ -10,6 +12,8 @@ from flywheel.worlds.shapes.claims import (
     OTHER_COUNT,
     claim_kind,
     misread,
+    read_claim,
+    relation_sentences,
     split_claims,
     verdict,
 )
@@ -76,3 +80,38 @@ def test_a_misread_claim_gets_the_opposite_verdict_with_its_analysis(claim_of, a
     assert verdict(claim, against)[1] != rating
     assert misread(claim, verdict(claim, against)[1]) == (analysis, rating)
 
+
+
+def test_a_relation_is_checked_against_the_sentences_naming_both_its_objects():
+    text = ("A red circle, a blue square and a green triangle. The red circle is to the left of the blue square. "
+            "The blue square is above the green triangle.")
+    assert relation_sentences("the red circle is to the left of the blue square", text) == (
+        "A red circle, a blue square and a green triangle. The red circle is to the left of the blue square.")
+    assert relation_sentences("the red circle is above the green triangle", text) == (
+        "A red circle, a blue square and a green triangle.")
+    assert relation_sentences("the purple circle is above the green triangle", text) == ""
+    assert relation_sentences("a red circle", text) == text  # object claims read the whole text
+    assert relation_sentences("a red dog", text) == text  # no claim of this world: nothing to narrow by
+
+
+def test_a_relation_has_the_same_verdict_against_its_sentences_as_against_the_whole_text():
+    """What makes judgments.claim_context=sentences safe to label with: over the texts and errors the loop makes."""
+    import numpy as np
+
+    from flywheel.worlds.shapes.config import ShapesWorldConfig
+    from flywheel.worlds.shapes.perturb import swap_positions, wrong_colour, wrong_shape
+    from flywheel.worlds.shapes.scene import describe, sample_scene
+
+    world, rng, checked = ShapesWorldConfig(), np.random.default_rng(0), Counter()
+    for _ in range(300):
+        scene = sample_scene(rng, n_objects=(2, 4), config=world)
+        i, j = (int(k) for k in rng.choice(len(scene.objects), size=2, replace=False))
+        for other in (wrong_colour(scene, i, rng, world.palette), wrong_shape(scene, i, rng, world.shapes),
+                      swap_positions(scene, i, j)):
+            a, b = describe(scene), describe(other)
+            for words, against in [(w, b) for w in _texts(a)] + [(w, a) for w in _texts(b)]:
+                if read_claim(words).kind == "relation":
+                    rating = verdict(read_claim(words), against)[1]
+                    assert verdict(read_claim(words), relation_sentences(words, against))[1] == rating
+                    checked[rating] += 1
+    assert checked[EXACT] > 100 and checked[ABSENT] > 100

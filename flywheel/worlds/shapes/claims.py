@@ -14,6 +14,7 @@ count, 2 another colour or shape, 1 nothing like it. `misread` is the wrong verd
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from flywheel.worlds.shapes.assessment import np_
@@ -135,3 +136,27 @@ def claim_kind(words: str) -> str | None:
         return read_claim(words).kind
     except ValueError:
         return None
+
+
+def relation_sentences(words: str, text: str) -> str:
+    """What a claim is checked against under `judgments.claim_context: sentences`: for a relation, only the text's
+    sentences that name both its objects (each by its colour and shape words), so the judge reads a sentence or two,
+    not the whole text, and the verdict is the same (a relation is stated within one sentence); "" when none does.
+    Any other claim (an object group, words that are no claim of this world): the whole text."""
+    try:
+        claim = read_claim(words)
+    except ValueError:
+        return text
+    if claim.kind != "relation":
+        return text
+
+    def names(sentence: str, group: Group) -> bool:
+        colour, shape = group
+        low = sentence.lower()
+        return (colour is None or colour in low) and shape in low
+    return " ".join(f"{s.strip()}." for s in sentences(text) if names(s, claim.subject) and names(s, claim.object))
+
+
+def claim_context(setting: str) -> Callable[[str, str], str] | None:
+    """judgments.claim_context -> what narrows the text a claim is checked against (None: the whole text)."""
+    return relation_sentences if setting == "sentences" else None
