@@ -11,6 +11,17 @@ that name both of its objects (the same verdicts: a relation is stated in one se
 
     .venv/bin/python bench/relation_check_probe.py --judge runs/s1x/models/judge-base-<hash> [--context sentences]
         [--steps 1500] [--evals 3] [--batch-size 16] [--lr 5e-4]
+
+Measured 2026-12-07 (200 held-out rows: 100 stated, 28 reversed, i.e. the text relates the two objects the other
+way, 72 unplaced, i.e. it relates them not at all; share right, 1,500 steps, ~6 minutes each):
+- the seed-1 judge base (runs/s1x/models/judge-base-2c3271c567cf), whole text (47 words): 0.765 at steps 500, 1,000
+  and 1,500 alike (stated 1.000, reversed 0.679, unplaced 0.472). It learns a shortcut, not the reading: "the text
+  says so" whenever the text has relation sentences (three or more objects), "the text does not place them" when
+  it is one sentence about two (a debugging run's outputs). A random-initialised judge of the zoo reads exactly the
+  same, 128 wide (0.765 at 500, 1,000, 1,500) and 256 wide (0.765 at 500; stopped there): width does not break it.
+- the same base, --context sentences (32 words): 0.925 at 500, 0.940 at 1,000 and 1,500 (stated 1.000, reversed
+  0.786, unplaced 0.917). Without the sentences that do not bear on the claim, the same shortcut reads nearly
+  right: what `judgments.claim_context: sentences` gives the loop's judge.
 """
 from __future__ import annotations
 
