@@ -18,7 +18,8 @@ way, 72 unplaced, i.e. it relates them not at all; share right, 1,500 steps, ~6 
   and 1,500 alike (stated 1.000, reversed 0.679, unplaced 0.472). It learns a shortcut, not the reading: "the text
   says so" whenever the text has relation sentences (three or more objects), "the text does not place them" when
   it is one sentence about two (a debugging run's outputs). A random-initialised judge of the zoo reads exactly the
-  same, 128 wide (0.765 at 500, 1,000, 1,500) and 256 wide (0.765 at 500; stopped there): width does not break it.
+  same, 128 wide (0.765 at 500, 1,000, 1,500), 256 wide and 4 layers deep (0.765 at 500 each; stopped there):
+  neither width nor depth breaks it.
 - the same base, --context sentences (32 words): 0.925 at 500, 0.940 at 1,000 and 1,500 (stated 1.000, reversed
   0.786, unplaced 0.917). Without the sentences that do not bear on the claim, the same shortcut reads nearly
   right: what `judgments.claim_context: sentences` gives the loop's judge.
