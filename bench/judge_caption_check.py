@@ -124,8 +124,7 @@ def main() -> None:
     args = ap.parse_args()
 
     from flywheel.config import load_config
-    from flywheel.models.pretrain_config import PolicyPretrainConfig
-    from flywheel.models.pretrain_vlm import pretrain_vlm
+    from flywheel.models.pretrain_vlm import pretrain_vlm_in_parts
 
     world = load_config(args.config).world.shapes
     held = np.random.default_rng(10**6)
@@ -135,19 +134,13 @@ def main() -> None:
     print(f"{args.held_out} held-out rows; copying the mention's own value scores {copy:.3f}", flush=True)
     print(f"step 0: {accuracy(Path(args.base), tests):.3f}", flush=True)
     work = Path(tempfile.mkdtemp(prefix="caption-check-"))
-    start, part, t0 = Path(args.base), args.steps // args.evals, time.perf_counter()
+    start, t0 = Path(args.base), time.perf_counter()
     try:
-        for i in range(1, args.evals + 1):
-            out = work / f"part-{i}"
-            # warm-up only in the first part: the parts continue one schedule (each part's cosine restarts)
-            cfg = PolicyPretrainConfig(steps=part, batch_size=args.batch_size, lr=args.lr,
-                                       warmup_steps=50 if i == 1 else 0, freeze_vision=True)
-            stats = pretrain_vlm(start, out, lambda rng, n: [check_row(rng, world, args.key, args.words)[0]
-                                                           for _ in range(n)],
-                                 cfg, seed=i)
-            print(f"step {i * part}: {accuracy(out, tests):.3f} (loss {stats['sft_loss']:.3f}, "
+        for step, start, stats in pretrain_vlm_in_parts(
+                args.base, work, lambda rng, n: [check_row(rng, world, args.key, args.words)[0] for _ in range(n)],
+                args.steps, args.evals, batch_size=args.batch_size, lr=args.lr):
+            print(f"step {step}: {accuracy(start, tests):.3f} (loss {stats['sft_loss']:.3f}, "
                   f"{time.perf_counter() - t0:.0f} s)", flush=True)
-            start = out
         if args.save:
             shutil.rmtree(args.save, ignore_errors=True)
             shutil.copytree(start, args.save)

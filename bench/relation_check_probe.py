@@ -111,8 +111,7 @@ def main() -> None:
     args = ap.parse_args()
 
     from flywheel.config import load_config
-    from flywheel.models.pretrain_config import PolicyPretrainConfig
-    from flywheel.models.pretrain_vlm import pretrain_vlm
+    from flywheel.models.pretrain_vlm import pretrain_vlm_in_parts
 
     world = load_config(args.config).world.shapes
     held = np.random.default_rng(10**6)
@@ -121,19 +120,14 @@ def main() -> None:
     kinds = Counter(s for _, s in tests)
     print(f"{args.held_out} held-out rows ({dict(kinds)}), context {args.context}: {words:.0f} words of request text")
     print(f"step 0: {_fmt(accuracy(Path(args.judge), tests))}", flush=True)
-    work = Path(tempfile.mkdtemp(prefix="relation-check-"))
-    start, part, t0 = Path(args.judge), args.steps // args.evals, time.perf_counter()
+    work, t0 = Path(tempfile.mkdtemp(prefix="relation-check-")), time.perf_counter()
     try:
-        for i in range(1, args.evals + 1):
-            out = work / f"part-{i}"
-            # warm-up only in the first part: the parts continue one schedule (each part's cosine restarts)
-            cfg = PolicyPretrainConfig(steps=part, batch_size=args.batch_size, lr=args.lr,
-                                       warmup_steps=50 if i == 1 else 0, freeze_vision=True)
-            stats = pretrain_vlm(start, out, lambda rng, n: [check_row(rng, world, args.context, rng.random() < 0.5)[0]
-                                                           for _ in range(n)], cfg, seed=i)
-            print(f"step {i * part}: {_fmt(accuracy(out, tests))} (loss {stats['sft_loss']:.3f}, "
+        for step, out, stats in pretrain_vlm_in_parts(
+                args.judge, work, lambda rng, n: [check_row(rng, world, args.context, rng.random() < 0.5)[0]
+                                                  for _ in range(n)],
+                args.steps, args.evals, batch_size=args.batch_size, lr=args.lr):
+            print(f"step {step}: {_fmt(accuracy(out, tests))} (loss {stats['sft_loss']:.3f}, "
                   f"{time.perf_counter() - t0:.0f} s)", flush=True)
-            start = out
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

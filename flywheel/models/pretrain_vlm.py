@@ -76,6 +76,21 @@ def pretrain_vlm(base: str | Path, out: str | Path, examples: Examples, cfg: Pol
             "train_seconds": time.perf_counter() - t0 - make_s}
 
 
+def pretrain_vlm_in_parts(base: str | Path, work: str | Path, examples: Examples, steps: int, parts: int, *,
+                          batch_size: int, lr: float, freeze_vision: bool = True):
+    """`pretrain_vlm` in `parts` calls of steps // parts each, yielding (steps so far, checkpoint, stats) after
+    each, so a bench can evaluate the checkpoint as it trains. Warm-up only in the first part: the parts continue
+    one schedule (each part's cosine restarts)."""
+    start, part = Path(base), steps // parts
+    for i in range(1, parts + 1):
+        out = Path(work) / f"part-{i}"
+        cfg = PolicyPretrainConfig(steps=part, batch_size=batch_size, lr=lr, warmup_steps=50 if i == 1 else 0,
+                                   freeze_vision=freeze_vision)
+        stats = pretrain_vlm(start, out, examples, cfg, seed=i)
+        yield i * part, out, stats
+        start = out
+
+
 def run_loss(log_history: list[dict], call_loss: float, start: int, steps: int) -> float:
     """The whole run's mean training loss. transformers averages only the steps trained in this call, so a run that
     went on from step `start` adds the loss windows its checkpoint logged (their grid is the checkpoints')."""
