@@ -377,12 +377,13 @@ class JudgmentsConfig(StrictModel):
         "use, not evidence; false sends the claim and the text alone (each row records it, so its SFT and DPO rows "
         "are rebuilt as asked), as meta-eval and the preference stage then ask too. docs/tuning.md, "
         "judgments.claim_images.")
-    claim_context: Literal["text", "sentences"] = Field(
+    claim_context: Literal["text", "sentences", "all_sentences"] = Field(
         "text", description="What a claim is checked against: `text`, the whole other text; `sentences`, for a "
         "relation claim only the other text's sentences that name both its objects (the world's reading of the "
-        "claim; the verdict is the same, the text to read a sentence or two). Each row records the text it was "
-        "checked against (parsed.against), so its SFT and DPO rows are rebuilt as asked. docs/tuning.md, "
-        "judgments.claim_context.")
+        "claim; the verdict is the same, the text to read a sentence or two); `all_sentences`, that and for an "
+        "object claim only the sentences that introduce objects (not those relating objects named before). Each "
+        "row records the text it was checked against (parsed.against), so its SFT and DPO rows are rebuilt as "
+        "asked. docs/tuning.md, judgments.claim_context.")
 
     @field_validator("protocols")
     @classmethod

@@ -218,10 +218,12 @@ def test_claim_checks_without_images_redo_the_stages_that_ask_claims():
 def test_claims_checked_against_their_sentences_redo_the_stages_that_ask_claims():
     import flywheel.config as config
 
-    whole, narrowed = load_config(None), load_config(None, ["judgments.claim_context=sentences"])
-    # curate reads the text each check was asked against from its rows (parsed.against), not from the config
-    assert {s for s in config.STAGE_SECTIONS if narrowed.stage_hash(s) != whole.stage_hash(s)} == {
-        "judgments-teacher", "judgments-judge", "meta-eval-teacher", "meta-eval-judge", "downstream-judge"}
+    whole = load_config(None)
+    for setting in ("sentences", "all_sentences"):
+        narrowed = load_config(None, [f"judgments.claim_context={setting}"])
+        # curate reads the text each check was asked against from its rows (parsed.against), not from the config
+        assert {s for s in config.STAGE_SECTIONS if narrowed.stage_hash(s) != whole.stage_hash(s)} == {
+            "judgments-teacher", "judgments-judge", "meta-eval-teacher", "meta-eval-judge", "downstream-judge"}
 
 
 def test_a_claim_balance_redoes_curation_alone():

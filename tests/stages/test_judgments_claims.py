@@ -15,7 +15,7 @@ from flywheel.engines.oracle import OracleTextEngine, RecordingEngine
 from flywheel.judge import claims
 from flywheel.records import make_id, validate, with_ids
 from flywheel.stages.judgments import JudgmentsCore
-from flywheel.worlds.shapes.claims import claim_texts, read_claim, relation_sentences, verdict
+from flywheel.worlds.shapes.claims import claim_texts, object_sentences, read_claim, relation_sentences, verdict
 from flywheel.worlds.shapes.gold import gold_candidates
 from flywheel.worlds.shapes.suites import SuitesConfig, generate
 
@@ -117,12 +117,14 @@ def test_claim_checks_without_images_are_asked_recorded_and_taught_without_them(
     assert all(p["type"] == "text" for r in without for p in r["messages"][0]["content"])
 
 
-def test_relation_claims_checked_against_their_sentences_keep_their_verdicts_and_teach_that_text(setup):
-    """judgments.claim_context=sentences: a relation claim goes out with only the sentences of the other text that
-    name both its objects, an object claim with the whole text; the teacher's ratings are those of the whole text,
-    and curation teaches the text each check was asked against."""
+@pytest.mark.parametrize("setting", ["sentences", "all_sentences"])
+def test_claims_checked_against_their_sentences_keep_their_verdicts_and_teach_that_text(setup, setting):
+    """judgments.claim_context: a relation claim goes out with only the sentences of the other text that name both
+    its objects; an object claim with the whole text (`sentences`) or the sentences introducing objects
+    (`all_sentences`). The teacher's ratings are those of the whole text, and curation teaches the text each check
+    was asked against."""
     c, prompts, cands, out = setup
-    c2 = c.model_copy(update={"judgments": c.judgments.model_copy(update={"claim_context": "sentences"})})
+    c2 = c.model_copy(update={"judgments": c.judgments.model_copy(update={"claim_context": setting})})
     out2 = JudgmentsCore(c2, cands, engine=OracleTextEngine(c.teacher.model_copy(update={"error_rate": 0.0}),
                                                             c.world.shapes))(prompts)
     whole = {(r["candidate_ids"][0], r["parsed"]["group"], r["sample_k"]): r for r in out.rows}
@@ -134,8 +136,10 @@ def test_relation_claims_checked_against_their_sentences_keep_their_verdicts_and
         assert r["score"] == before["score"]
         if kind == "relation":  # its sentences, in the whole text's order
             assert r["parsed"]["against"] == relation_sentences(r["parsed"]["claim"], before["parsed"]["against"])
+        elif setting == "all_sentences":
+            assert r["parsed"]["against"] == object_sentences(before["parsed"]["against"])
     assert len(out2.rows) == len(out.rows)
-    assert kinds[("relation", False)] and not kinds[("object", False)]
+    assert kinds[("relation", False)] and bool(kinds[("object", False)]) == (setting == "all_sentences")
     sft = [r for r in curate_judge_data(out2.rows, prompts, cands, style=c.judge.prompt_style).sft
            if r["protocol"] == "claims"]
     asked = {(r["parsed"]["claim"], r["parsed"]["against"]) for r in out2.rows}

@@ -10,8 +10,10 @@ from flywheel.worlds.shapes.claims import (
     EXACT,
     OTHER_ATTRIBUTE,
     OTHER_COUNT,
+    claim_context,
     claim_kind,
     misread,
+    object_sentences,
     read_claim,
     relation_sentences,
     split_claims,
@@ -94,24 +96,51 @@ def test_a_relation_is_checked_against_the_sentences_naming_both_its_objects():
     assert relation_sentences("a red dog", text) == text  # no claim of this world: nothing to narrow by
 
 
-def test_a_relation_has_the_same_verdict_against_its_sentences_as_against_the_whole_text():
-    """What makes judgments.claim_context=sentences safe to label with: over the texts and errors the loop makes."""
+def test_an_object_is_checked_against_the_sentences_that_introduce_objects():
+    text = ("A red circle, a blue square and a green triangle. The red circle is to the left of the blue square. "
+            "A purple circle is below the green triangle.")
+    narrowed = "A red circle, a blue square and a green triangle. A purple circle is below the green triangle."
+    assert object_sentences(text) == narrowed
+    narrow = claim_context("all_sentences")
+    assert narrow("a purple circle", text) == narrow("two yellow squares", text) == narrowed
+    assert narrow("the red circle is to the left of the blue square", text) == (  # relations as under `sentences`
+        relation_sentences("the red circle is to the left of the blue square", text))
+    assert narrow("a red dog", text) == text
+    assert object_sentences("The red circle is left of the blue square.") == (  # nothing before: introduces both
+        "The red circle is left of the blue square.")
+    assert object_sentences("An empty image.") == ""
+    assert claim_context("text") is None and claim_context("sentences") is relation_sentences
+
+
+@pytest.mark.parametrize("setting", ["sentences", "all_sentences"])
+def test_a_claim_has_the_same_verdict_against_its_sentences_as_against_the_whole_text(setting):
+    """What makes judgments.claim_context safe to label with: over the texts and errors the loop makes, and
+    captions worded otherwise (definite mentions introducing objects, relations naming one introduced before)."""
     import numpy as np
 
     from flywheel.worlds.shapes.config import ShapesWorldConfig
     from flywheel.worlds.shapes.perturb import swap_positions, wrong_colour, wrong_shape
     from flywheel.worlds.shapes.scene import describe, sample_scene
 
+    narrow, kinds = claim_context(setting), {"sentences": {"relation"}, "all_sentences": {"relation", "object"}}
+    worded = ["The red circle is to the left of a blue square. A red circle is above the blue square.",
+              "Two red circles. The red circle is below a green triangle; the triangle is left of the blue one.",
+              "A blue square and a red circle. Another red circle is above the blue square."]
     world, rng, checked = ShapesWorldConfig(), np.random.default_rng(0), Counter()
+    pairs = [(a, b) for a in worded for b in worded]
     for _ in range(300):
         scene = sample_scene(rng, n_objects=(2, 4), config=world)
         i, j = (int(k) for k in rng.choice(len(scene.objects), size=2, replace=False))
-        for other in (wrong_colour(scene, i, rng, world.palette), wrong_shape(scene, i, rng, world.shapes),
-                      swap_positions(scene, i, j)):
-            a, b = describe(scene), describe(other)
-            for words, against in [(w, b) for w in _texts(a)] + [(w, a) for w in _texts(b)]:
-                if read_claim(words).kind == "relation":
-                    rating = verdict(read_claim(words), against)[1]
-                    assert verdict(read_claim(words), relation_sentences(words, against))[1] == rating
-                    checked[rating] += 1
-    assert checked[EXACT] > 100 and checked[ABSENT] > 100
+        pairs += [(describe(scene), describe(other)) for other in (
+            wrong_colour(scene, i, rng, world.palette), wrong_shape(scene, i, rng, world.shapes),
+            swap_positions(scene, i, j))]
+    for a, b in pairs:
+        for words, against in [(w, b) for w in _texts(a)] + [(w, a) for w in _texts(b)]:
+            claim = read_claim(words)
+            narrowed = narrow(words, against)
+            assert (narrowed != against) <= (claim.kind in kinds[setting])  # other claims read the whole text
+            rating = verdict(claim, against)[1]
+            assert verdict(claim, narrowed)[1] == rating, (words, against, narrowed)
+            checked[claim.kind, rating] += 1
+    assert checked["relation", EXACT] > 100 and checked["relation", ABSENT] > 100
+    assert checked["object", EXACT] > 100 and checked["object", OTHER_ATTRIBUTE] > 100

@@ -157,6 +157,34 @@ def relation_sentences(words: str, text: str) -> str:
     return " ".join(f"{s.strip()}." for s in sentences(text) if names(s, claim.subject) and names(s, claim.object))
 
 
+def object_sentences(text: str) -> str:
+    """The text's sentences that introduce objects (those a mention of which `read` counts), joined: an object
+    claim's verdict reads only the text's object counts, and a sentence that introduces none (a relation between
+    objects named before, "the red circle is left of the blue square") adds none, so the verdict is the same."""
+    kept, mentions = [], []
+    for s in sentences(text or ""):
+        before = len(caption_items(mentions))
+        mentions += find_mentions(tokens(s))
+        if len(caption_items(mentions)) > before:  # caption_items reads mentions in order: a prefix's is a prefix
+            kept.append(f"{s.strip()}.")
+    return " ".join(kept)
+
+
+def claim_sentences(words: str, text: str) -> str:
+    """What a claim is checked against under `judgments.claim_context: all_sentences`: a relation its
+    `relation_sentences`, an object group the `object_sentences`; words that are no claim of this world, the
+    whole text."""
+    try:
+        claim = read_claim(words)
+    except ValueError:
+        return text
+    return relation_sentences(words, text) if claim.kind == "relation" else object_sentences(text)
+
+
+CONTEXTS: dict[str, Callable[[str, str], str] | None] = {
+    "text": None, "sentences": relation_sentences, "all_sentences": claim_sentences}
+
+
 def claim_context(setting: str) -> Callable[[str, str], str] | None:
     """judgments.claim_context -> what narrows the text a claim is checked against (None: the whole text)."""
-    return relation_sentences if setting == "sentences" else None
+    return CONTEXTS[setting]
