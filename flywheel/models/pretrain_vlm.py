@@ -36,6 +36,8 @@ def pretrain_vlm(base: str | Path, out: str | Path, examples: Examples, cfg: Pol
     from transformers import AutoModelForImageTextToText, AutoProcessor
     from trl import SFTConfig, SFTTrainer
 
+    import flywheel.models.processors  # noqa: F401  (registers the zoo judge's image-only processor: without it
+    # AutoProcessor loads a bare tokenizer and TRL refuses the image rows, unless a caller happened to import it)
     from flywheel.train.hf import FullWeightsResume
 
     class Trainer(FullWeightsResume, SFTTrainer):

@@ -141,3 +141,25 @@ def test_a_model_without_a_vision_side_is_refused_by_name():
     text_only = torch.nn.Sequential(torch.nn.Linear(4, 4))
     with pytest.raises(ValueError, match="Sequential has no parameters under visual, vision_tower"):
         freeze_vision(text_only)
+
+
+def test_pretrain_vlm_loads_the_zoo_judges_processor_in_a_fresh_interpreter(zoo, tmp_path):
+    """pretrain_vlm registers the image-only processor itself: a bench that imported nothing else first got a bare
+    tokenizer and TRL refused its image rows (bench/answer_compare_probe.py, 2026-12-07). A subprocess, because
+    this test session has long since imported the registering module."""
+    import subprocess
+    import sys
+
+    script = f"""
+from PIL import Image
+from flywheel.models.pretrain_config import PolicyPretrainConfig
+from flywheel.models.pretrain_vlm import pretrain_vlm
+row = {{"images": [Image.new("RGB", (56, 56), "red")],
+        "prompt": [{{"role": "user", "content": [{{"type": "image"}}, {{"type": "text", "text": "Colour?"}}]}}],
+        "completion": [{{"role": "assistant", "content": [{{"type": "text", "text": "Red."}}]}}]}}
+cfg = PolicyPretrainConfig(steps=1, batch_size=1, lr=1e-4, warmup_steps=0)
+print(pretrain_vlm({str(zoo["judge"])!r}, {str(tmp_path / "out")!r}, lambda rng, n: [row] * n, cfg)["sft_loss"] > 0)
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().endswith("True")

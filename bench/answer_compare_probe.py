@@ -1,0 +1,117 @@
+"""Does the judge compare a colour answer with the reference, or call every answer "matches"? In 6 of 8 seed-1
+trainings of the claims recipe the judge writes "The answer says blue, which matches, so it is right" of a wrong
+colour answer, so 16-27 of the 80 id-test colour pairs flip (docs/results.md, runs/s1s48). This trains a judge base
+on a finished run's own curated SFT rows of the chosen sub-tasks (the loop's rows, the loop's request) and prints,
+as it trains, what it writes of the run's id-test gold colour-question candidates: per gold variant (correct,
+wrong, verbose, unreadable), how often its analysis says "matches", "differs", or neither (-).
+
+    .venv/bin/python bench/answer_compare_probe.py --run runs/s1s48 --judge runs/s1s48/models/judge-base-<hash>
+        [--subtasks iu_color,iu_count,iu_existence,nlg_scene_qa] [--protocols pointwise,pairwise]
+        [--repeat iu_color=3] [--steps 600] [--evals 3] [--config configs/local_claims.yaml]
+
+Measured 2026-12-07 on runs/s1s48's rows and the seed-1 judge base (600 steps, batch 16, lr 5e-4, ~3 minutes each;
+"wrong: differs" is the comparison learned, out of 16):
+- iu_color pointwise rows alone (548 matches, 113 differs): wrong: differs 12, 14, 16 at steps 200, 400, 600;
+- iu_color and nlg_scene_qa, both protocols: 1, 14, 16;
+- iu_color and iu_count: 2, 11, 7; iu_color and iu_existence: 7, 14, 14;
+- iu_color, iu_count and iu_existence: 0, 9, 8;
+- all four: 0, 0, 0 - the loop's failure, reproduced. With the colour rows worded apart ("the same colour" /
+  "another colour") all four still read 0, so it is not the shared phrase;
+- all four, 2,400 steps in 4 parts: 0 at 600, 15 at 1,200, 16 at 1,800.
+- all four with the colour rows three times (--repeat iu_color=3, 48% of the rows): 0, 0, 0. More colour rows do
+  not speed it; the count rows beside them (and less the existence rows) hold it back.
+"""
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import re
+import shutil
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+VERDICT = re.compile(r"which (matches|differs)")
+
+
+def trl_row(row: dict) -> dict:
+    """A curated SFT row as the prompt-completion row `pretrain_vlm` trains on (PIL images)."""
+    from PIL import Image
+
+    messages = json.loads(row["messages"])
+    return {"images": [Image.open(io.BytesIO(b)).convert("RGB") for b in row["images"]],
+            "prompt": messages[:-1], "completion": messages[-1:]}
+
+
+def gold_colour_requests(cfg) -> tuple[list[str], list]:
+    """(gold variant, pointwise request) of every id-test gold candidate of a colour question."""
+    from flywheel import storage
+    from flywheel.datasets import read_dataset
+    from flywheel.evaluate import meta
+    from flywheel.iteration import paths
+    from flywheel.judge import pointwise
+    from flywheel.worlds.shapes.gold import variant_of
+
+    base = storage.join(paths(cfg, 0)["gold"], "id-test")
+    _, prompts = meta.read_gold(base)
+    cands = [c for c in read_dataset(storage.join(base, "candidates"))[0].to_pylist()
+             if prompts.get(c["prompt_id"], {}).get("subtask") == "iu_color"]
+    return ([variant_of(c) or "?" for c in cands],
+            [pointwise.build(prompts[c["prompt_id"]], c, style=cfg.judge.prompt_style) for c in cands])
+
+
+def readings(model_dir: Path, variants: list[str], requests: list) -> dict[str, int]:
+    """How the checkpoint's greedy analyses compare each gold variant: "<variant>: matches|differs|-" counts."""
+    from flywheel.config import GenerationConfig
+    from flywheel.engines.hf import HFTextEngine
+
+    engine = HFTextEngine(str(model_dir), GenerationConfig(max_new_tokens=48, temperature=0.0, batch_size=16))
+    said = [VERDICT.search(o.text or "") for o in engine.generate(requests)]
+    return dict(sorted(Counter(f"{v}: {m.group(1) if m else '-'}" for v, m in zip(variants, said, strict=True))
+                       .items()))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--run", required=True, help="A finished run's workdir: its iteration 0's curated SFT rows "
+                    "and its id-test gold.")
+    ap.add_argument("--judge", required=True, help="The judge checkpoint to train from (a run's models/judge-base-*).")
+    ap.add_argument("--subtasks", default="iu_color,iu_count,iu_existence,nlg_scene_qa")
+    ap.add_argument("--protocols", default="pointwise,pairwise")
+    ap.add_argument("--repeat", action="append", default=[], metavar="SUBTASK=N",
+                    help="Show a sub-task's rows N times as often (a per-sub-task SFT weight); repeatable.")
+    ap.add_argument("--steps", type=int, default=600)
+    ap.add_argument("--evals", type=int, default=3, help="Evaluations (the phase is trained in parts).")
+    ap.add_argument("--config", default="configs/local_claims.yaml", help="The run's config.")
+    args = ap.parse_args()
+
+    from flywheel import storage
+    from flywheel.config import load_config
+    from flywheel.datasets import read_dataset
+    from flywheel.iteration import paths
+    from flywheel.models.pretrain_vlm import pretrain_vlm_in_parts
+
+    cfg = load_config(args.config, [f"run.workdir={args.run}"])
+    subtasks, protocols = set(args.subtasks.split(",")), set(args.protocols.split(","))
+    sft = read_dataset(storage.join(paths(cfg, 0)["curated"], "sft"), "sft")[0].to_pylist()
+    rows = [r for r in sft if r["subtask"] in subtasks and r["protocol"] in protocols]
+    if not rows:
+        raise SystemExit(f"no curated SFT rows of {sorted(subtasks)} x {sorted(protocols)} in {args.run}")
+    said = Counter((r["subtask"], m.group(1)) for r in rows for m in VERDICT.finditer(r["messages"]))
+    print(f"{len(rows)} rows; verdicts said in them: {dict(sorted(said.items()))}")
+    repeat = {k: int(v) for k, v in (x.split("=") for x in args.repeat)}
+    pool = [trl_row(r) for r in rows for _ in range(repeat.get(r["subtask"], 1))]
+    variants, requests = gold_colour_requests(cfg)
+    work = Path(tempfile.mkdtemp(prefix="answer-compare-"))
+    try:
+        for step, out, stats in pretrain_vlm_in_parts(
+                args.judge, work, lambda rng, n: [pool[int(i)] for i in rng.integers(len(pool), size=n)],
+                args.steps, args.evals, batch_size=16, lr=5e-4):
+            print(f"step {step}: {readings(out, variants, requests)} (loss {stats['sft_loss']:.3f})", flush=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
