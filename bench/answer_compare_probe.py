@@ -14,12 +14,12 @@ Measured 2026-12-07 on runs/s1s48's rows and the seed-1 judge base (600 steps, b
 - iu_color pointwise rows alone (548 matches, 113 differs): wrong: differs 12, 14, 16 at steps 200, 400, 600;
 - iu_color and nlg_scene_qa, both protocols: 1, 14, 16;
 - iu_color and iu_count: 2, 11, 7; iu_color and iu_existence: 7, 14, 14;
-- iu_color, iu_count and iu_existence: 0, 9, 8;
+- iu_color, iu_count and iu_existence: 0, 9, 8; iu_color, iu_existence and nlg_scene_qa: 0, 0, 1;
 - all four: 0, 0, 0 - the loop's failure, reproduced. With the colour rows worded apart ("the same colour" /
   "another colour") all four still read 0, so it is not the shared phrase;
 - all four, 2,400 steps in 4 parts: 0 at 600, 15 at 1,200, 16 at 1,800.
 - all four with the colour rows three times (--repeat iu_color=3, 48% of the rows): 0, 0, 0. More colour rows do
-  not speed it; the count rows beside them (and less the existence rows) hold it back.
+  not speed it. No one sub-task blocks it: the more of the other answer rows beside them, the later it forms.
 """
 from __future__ import annotations
 
