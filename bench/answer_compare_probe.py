@@ -86,6 +86,9 @@ def main() -> None:
     ap.add_argument("--config", default="configs/local_claims.yaml", help="The run's config.")
     args = ap.parse_args()
 
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
     from flywheel import storage
     from flywheel.config import load_config
     from flywheel.datasets import read_dataset
@@ -94,8 +97,11 @@ def main() -> None:
 
     cfg = load_config(args.config, [f"run.workdir={args.run}"])
     subtasks, protocols = set(args.subtasks.split(",")), set(args.protocols.split(","))
-    sft = read_dataset(storage.join(paths(cfg, 0)["curated"], "sft"), "sft")[0].to_pylist()
-    rows = [r for r in sft if r["subtask"] in subtasks and r["protocol"] in protocols]
+    sft = read_dataset(storage.join(paths(cfg, 0)["curated"], "sft"), "sft")[0]
+    # filter in Arrow: only the chosen rows' image bytes become Python objects, not all ~35,000 rows'
+    chosen = pc.and_(pc.is_in(sft["subtask"], pa.array(sorted(subtasks))),
+                     pc.is_in(sft["protocol"], pa.array(sorted(protocols))))
+    rows = sft.filter(chosen).to_pylist()
     if not rows:
         raise SystemExit(f"no curated SFT rows of {sorted(subtasks)} x {sorted(protocols)} in {args.run}")
     said = Counter((r["subtask"], m.group(1)) for r in rows for m in VERDICT.finditer(r["messages"]))
