@@ -38,6 +38,10 @@ STEPS = ("restates", "reads", "follows")
 # "The answer says two, which is wrong." (the teacher's words before 2026-11-25) or "..., which differs, so it is
 # wrong." (since: the comparison is a word of its own)
 VERDICT = re.compile(r"answer says ([\w ]+?), which (?:is|(?:matches|differs), so it is) (right|wrong)")
+# colour since 2026-12-08: "The answer says blue. The circle is not blue but red, which differs, so it is wrong."
+# (the answer's colour first, then the image's; assess_text._colour_verdict)
+COLOUR_CHECK = re.compile(r"answer says (\w+)\. The \w+ is (?:not \w+ but (\w+)|(\w+)), which (?:matches|differs), "
+                          r"so it is (right|wrong)")
 
 
 def _values(text: str) -> set[str]:
@@ -66,6 +70,8 @@ def steps(subtask: str, reference: str, answer: str, analysis: str) -> dict[str,
     restated = value(subtask, first)
     read = value(subtask, said.group(1)) if said else None
     verdict = said.group(2) == "right" if said else None
+    if subtask == "iu_color" and (c := COLOUR_CHECK.search(analysis)):
+        read, restated, verdict = value(subtask, c[1]), value(subtask, c[2] or c[3]), c[4] == "right"
     both = verdict is not None and restated is not None and read is not None
     return {"differ": both and restated != read, "differ_right": both and restated != read and verdict,
             "restates": restated is not None and restated == truth,

@@ -23,6 +23,13 @@ def test_a_wrong_verdict_is_blamed_on_the_step_that_failed():
     got = steps("iu_color", "The circle is blue.", "The circle is red.",
                 "Analysis: The circle is blue. The answer says red, which differs, so it is wrong. Rating: 1")
     assert all(got[k] for k in ("restates", "reads", "follows", "verdict"))
+    # the colour words since the answer's colour is checked against the image (assess_text._colour_verdict)
+    got = steps("iu_color", "The circle is blue.", "The circle is red.",
+                "Analysis: The answer says red. The circle is not red but blue, which differs, so it is wrong.")
+    assert all(got[k] for k in ("restates", "reads", "follows", "verdict")) and got["differ"]
+    got = steps("iu_color", "The circle is blue.", "The circle is red.",
+                "Analysis: The answer says red. The circle is red, which matches, so it is right. Rating: 5")
+    assert got["reads"] and got["follows"] and not got["restates"] and not got["verdict"]
     # an analysis without the expected sentence fails every step instead of being guessed
     got = steps("iu_color", "The circle is blue.", "The circle is blue.", "Rating: 5")
     assert not any(got.values())

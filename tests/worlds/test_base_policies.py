@@ -167,10 +167,17 @@ def test_matching_examples_name_both_values_and_say_whether_they_match(cfg, monk
         assert row["prompt"][0]["content"][0]["text"].startswith("Matching.")
         target = row["completion"][0]["content"][0]["text"]
         assert not re.search(r"right|wrong|Rating", target)
+        colour = re.fullmatch(r"The answer says (\w+)\. The \w+ is (not \1 but \w+|\1), which (matches|differs)\.",
+                              target)
+        if colour:  # colour: the answer's colour checked against the image ("The circle is not red but blue")
+            said, holds, word = colour.groups()
+            assert (word == "matches") == (holds == said), target
+            matches += word == "matches"
+            continue
         holds, said, word = re.fullmatch(r"(.+)\. The answer says (\w+), which (matches|differs)\.", target).groups()
         if said in ("yes", "no"):  # existence: "There is no red circle in the image." holds "no"
             agree = (" no " in f" {holds} ") == (said == "no")
-        else:  # colour or count: the value is a word of what holds ("The square is red.", "There are two circles.")
+        else:  # count: the value is a word of what holds ("There are two circles.")
             agree = said in holds.split()
         assert (word == "matches") == agree, target
         matches += word == "matches"

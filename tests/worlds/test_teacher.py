@@ -89,8 +89,8 @@ def test_gold_agrees_with_the_checkers(prompts):
     j = pt.parse(t.answer(make_context("pointwise", p, [right])))
     assert j.rating == 5
     j = pt.parse(t.answer(make_context("pointwise", p, [wrong])))
-    assert j.rating == 1 and j.analysis == (f"The {q['shape']} is {q['answer']}. "
-                                            f"The answer says {other}, which differs, so it is wrong.")
+    assert j.rating == 1 and j.analysis == (f"The answer says {other}. The {q['shape']} is not {other} but "
+                                            f"{q['answer']}, which differs, so it is wrong.")
     for order, shown, winner in (("AB", [wrong, right], "B"), ("BA", [right, wrong], "A")):
         v = pw.parse(t.answer(make_context("pairwise", p, shown, order=order)))
         assert v.verdict == winner and "Response" in v.analysis
@@ -155,8 +155,9 @@ def test_wrong_analysis_is_a_consistent_misperception(prompts):
     t = OracleTeacher(TeacherConfig(error_rate=1.0, error_kinds={"wrong_analysis": 1.0}), WORLD)
     j = pt.parse(t.answer(make_context("pointwise", p, [right])))
     q = json.loads(p["meta"])["question"]
-    assert j.rating < 5 and f"The answer says {q['answer']}, which differs, so it is wrong." in j.analysis  # rated down
-    assert f"The {q['shape']} is {q['answer']}." not in j.analysis  # and it misperceived the colour to say so
+    # rated down, and it misperceived the colour to say so
+    assert j.rating < 5 and f"The {q['shape']} is not {q['answer']} but " in j.analysis
+    assert j.analysis.endswith("which differs, so it is wrong.")
 
 
 def test_an_analysis_states_the_evidence_before_the_verdict(prompts):
@@ -165,9 +166,13 @@ def test_an_analysis_states_the_evidence_before_the_verdict(prompts):
     t = OracleTeacher(TeacherConfig(error_rate=0.0), WORLD)
     for sub in ("iu_color", "iu_count", "iu_existence"):
         p = _qa(prompts, sub)
-        for text in (p["reference_text"], "Hard to say."):
-            a = pt.parse(t.answer(make_context("pointwise", p, [{"candidate_id": "c", "output_text": text}]))).analysis
+        for cid, text in (("right", p["reference_text"]), ("unreadable", "Hard to say.")):
+            a = pt.parse(t.answer(make_context("pointwise", p, [{"candidate_id": cid, "output_text": text}]))).analysis
             verdict = re.search(r", (which|so it) is (right|wrong)", a).start()
+            if sub == "iu_color" and text == p["reference_text"]:  # the answer's colour, then the image's check
+                assert re.fullmatch(r"The answer says (\w+)\. The \w+ is \1, which matches, so it is right\.",
+                                    a.split(" It ")[0]), (sub, a)
+                continue
             assert a.index("The answer") < verdict and a.index(". The answer") > 0, (sub, a)
             if text == p["reference_text"]:  # the comparison comes between the two values and the verdict
                 assert re.search(r"The answer says \w+, which matches, so it is right\.", a), (sub, a)

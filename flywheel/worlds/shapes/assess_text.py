@@ -116,10 +116,10 @@ def assess_answer(text: str, scene: Scene, q: dict, where: str) -> Assessment:
     # wrong."): a student judge writes its analysis left to right, so a verdict stated before the evidence must be
     # guessed. Measured: a judge taught "The answer says green, but the circle is red." picked "and"/"but" by the
     # prompt, not the answer (its ratings of one prompt's answers all within 0.1), and ordered 0.64 of gold pairs.
+    # A colour answer's colour comes first only because the evidence is then a check of that colour in the image
+    # ("The answer says green. The circle is not green but red"), made before the verdict (_colour_verdict).
     if kind == "colour":
-        shape, truth = q["shape"], q["answer"]
-        lie = said if not right else _other_colour(said)
-        f = _verdict(f"The {shape} is {truth}.", f"The {shape} is {lie}.", f"The answer says {said}", right, tags)
+        f = _colour_verdict(q["shape"], said, q["answer"], right, tags)
     elif kind == "count":
         n, truth = said, q["answer"]
         things = lambda k: _things(q.get("colour"), q["shape"], k)  # noqa: E731
@@ -163,6 +163,21 @@ def _verdict(truth: str, lie: str, claim: str, right: bool, tags: tuple[str, ...
     said = lambda fact, ok: (f"{fact} {claim}, which {'matches' if ok else 'differs'}, "  # noqa: E731
                              f"so it is {'right' if ok else 'wrong'}.")
     return Finding(said(truth, right), said(lie, not right), right, tags, key=True)
+
+
+def _colour_verdict(shape: str, said: str, truth: str, right: bool, tags: tuple[str, ...]) -> Finding:
+    """A colour answer's key finding: the answer's colour first, then whether the shape has it, then the verdict
+    ("The answer says blue. The circle is not blue but red, which differs, so it is wrong.").
+
+    The answer's colour is checked against the image, a yes/no look-up like an existence question's, not compared
+    with a colour written before it: the tiny judge read both colours right and still wrote "blue against red
+    matches" of 16 of 16 wrong gold answers, while taught this wording it told all 16 apart and called every right
+    one right (bench/answer_compare_probe.py, docs/results.md). Its false counterpart states the opposite."""
+    def said_(ok: bool, actual: str) -> str:
+        holds = f"is {said}" if ok else f"is not {said} but {actual}"
+        return (f"The answer says {said}. The {shape} {holds}, which {'matches' if ok else 'differs'}, "
+                f"so it is {'right' if ok else 'wrong'}.")
+    return Finding(said_(right, truth), said_(not right, _other_colour(said)), right, tags, key=True)
 
 
 def _relation_truth(q: dict, scene: Scene, lie: bool = False) -> str:

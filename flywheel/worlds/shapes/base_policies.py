@@ -28,7 +28,9 @@ from flywheel.worlds.shapes.policy_data import (generator_examples, llava_exampl
 
 log = logging.getLogger(__name__)
 BASE_VERSION = 1  # bump when the recipe changes (the settings themselves are in the hash)
-MATCHING_ROWS_VERSION = 2  # of the judge base's matching rows (policy_data.reading_example with compare)
+# of the judge base's matching rows (policy_data.reading_example with compare); 3: a colour answer's colour checked
+# against the image (assess_text._colour_verdict)
+MATCHING_ROWS_VERSION = 3
 
 
 def _hash(*parts: object) -> str:

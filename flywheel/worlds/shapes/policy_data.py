@@ -163,9 +163,10 @@ def reading_example(rng: np.random.Generator, world: ShapesWorldConfig, compare:
     skill across phrasings. No verdict and no rating: the base still has never judged.
 
     With `compare`, say what holds, what the answer says and whether the two match, in the teacher's own words
-    up to its verdict ("The triangle is yellow. The answer says orange, which differs."; assess_text._verdict goes on
-    ", so it is wrong."): telling two words apart is a skill a pretrained VLM brings, and one the tiny judge never
-    learnt from judging (issue 7's notes: its verdicts ignored the two colours it wrote itself). No verdict: that
+    up to its verdict ("There are two circles. The answer says three, which differs."; assess_text._verdict goes on
+    ", so it is wrong"; a colour: "The answer says orange. The triangle is not orange but yellow, which
+    differs."): telling two words apart is a skill a pretrained VLM brings, and one the tiny judge never learnt
+    from judging (issue 7's notes: its verdicts ignored the two colours it wrote itself). No verdict: that
     a differing answer is wrong is still for the flywheel to teach."""
     from flywheel.judge import base, pointwise
     from flywheel.judge.guidelines import get_guideline
