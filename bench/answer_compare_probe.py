@@ -28,7 +28,11 @@ Measured 2026-12-07 on runs/s1s48's rows and the seed-1 judge base (600 steps, b
   right next to each other and still calls them a match;
 - --reword verify ("The answer says blue. The circle is not blue, which differs"): 3, 16, 16, every right answer
   "matches": checking the answer's colour in the image is a yes/no look-up the judge learns, where comparing two
-  colour words is not; --reword verify-but (the loop's words since, assess_text._colour_verdict): 0, 15, 16.
+  colour words is not; --reword verify-but (the loop's words since, assess_text._colour_verdict): 0, 15, 16;
+- --reword evidence-verify (the shape's colour first, as every other answer's evidence: "The circle is red. The
+  answer says blue; the circle is not blue, which differs"): 0, 16, 16, every right answer "matches". In the loop
+  the verify-but words cost relation questions out of distribution (the judge opens with "The answer says no"
+  and gives no evidence, runs/s1v); these keep the evidence first, not yet run in the loop.
 """
 from __future__ import annotations
 
@@ -49,6 +53,9 @@ REWORDINGS = {
     # the answer's colour checked against the image, a yes/no look-up like an existence question's
     "verify": lambda m: (f"The answer says {m[4]}. The {m[2]} is {'' if m[5] == 'matches' else 'not '}{m[4]}, "
                          f"which {m[5]}"),
+    # the shape's colour first, as every other answer's evidence, then the answer's colour checked in the image
+    "evidence-verify": lambda m: (f"{m[1]}; the {m[2]} is {'' if m[5] == 'matches' else 'not '}{m[4]}, "
+                                  f"which {m[5]}"),
     # as verify, and saying the shape's colour too: the loop's words since 2026-12-08 (assess_text._colour_verdict)
     "verify-but": lambda m: (f"The answer says {m[4]}. The {m[2]} is "
                              f"{m[4] if m[5] == 'matches' else f'not {m[4]} but {m[3]}'}, which {m[5]}"),

@@ -23,7 +23,7 @@ def test_verify_but_rewords_a_run_before_2026_12_08_into_the_loops_words():
 
 def test_the_other_rewordings_keep_the_verdict_and_leave_other_rows_alone():
     row = '{"analysis": "' + old_words("square", "green", "yellow") + ' It gives the short answer asked for."}'
-    for how in ("side-by-side", "verify"):
+    for how in ("side-by-side", "verify", "evidence-verify"):
         assert [m.group(1) for m in bench.VERDICT.finditer(bench.reword(row, how))] == ["differs"]
     count = "There are two circles. The answer says three, which differs, so it is wrong."
     assert bench.reword(count, "verify-but") == count
