@@ -56,10 +56,18 @@ REWORDINGS = {
     # the shape's colour first, as every other answer's evidence, then the answer's colour checked in the image
     "evidence-verify": lambda m: (f"{m[1]}; the {m[2]} is {'' if m[5] == 'matches' else 'not '}{m[4]}, "
                                   f"which {m[5]}"),
-    # as verify, and saying the shape's colour too: the loop's words since 2026-12-08 (assess_text._colour_verdict)
-    "verify-but": lambda m: (f"The answer says {m[4]}. The {m[2]} is "
-                             f"{m[4] if m[5] == 'matches' else f'not {m[4]} but {m[3]}'}, which {m[5]}"),
+    # as verify, and saying the shape's colour too: the loop's words since 2026-12-08
+    "verify-but": lambda m: loop_words(shape=m[2], truth=m[3], said=m[4], matches=m[5] == "matches"),
 }
+
+
+def loop_words(shape: str, truth: str, said: str, matches: bool) -> str:
+    """The teacher's colour finding (assess_text._colour_verdict) with the row's own verdict, up to its verdict
+    word, as the rows it rewords end there ("..., which differs" and then ", so it is wrong")."""
+    from flywheel.worlds.shapes.assess_text import _colour_verdict
+
+    text = _colour_verdict(shape, said, truth, matches, ()).text
+    return text[:text.index(", so it is ")]
 
 
 def reword(messages: str, how: str) -> str:

@@ -160,9 +160,13 @@ def _verdict(truth: str, lie: str, claim: str, right: bool, tags: tuple[str, ...
     The comparison is a word of its own ("which differs, so it is wrong"), the words the judge base's matching
     rows teach (policy_data.reading_example): the tiny judge wrote both values yet said "right" whenever they
     differed, while the base, taught "which matches/differs", told them apart every time (issue 7's notes)."""
-    said = lambda fact, ok: (f"{fact} {claim}, which {'matches' if ok else 'differs'}, "  # noqa: E731
-                             f"so it is {'right' if ok else 'wrong'}.")
+    said = lambda fact, ok: f"{fact} {claim}, {_judged(ok)}"  # noqa: E731
     return Finding(said(truth, right), said(lie, not right), right, tags, key=True)
+
+
+def _judged(ok: bool) -> str:
+    """The comparison and the verdict that follows it, the words every QA answer's key finding ends with."""
+    return f"which {'matches' if ok else 'differs'}, so it is {'right' if ok else 'wrong'}."
 
 
 def _colour_verdict(shape: str, said: str, truth: str, right: bool, tags: tuple[str, ...]) -> Finding:
@@ -175,8 +179,7 @@ def _colour_verdict(shape: str, said: str, truth: str, right: bool, tags: tuple[
     one right (bench/answer_compare_probe.py, docs/results.md). Its false counterpart states the opposite."""
     def said_(ok: bool, actual: str) -> str:
         holds = f"is {said}" if ok else f"is not {said} but {actual}"
-        return (f"The answer says {said}. The {shape} {holds}, which {'matches' if ok else 'differs'}, "
-                f"so it is {'right' if ok else 'wrong'}.")
+        return f"The answer says {said}. The {shape} {holds}, {_judged(ok)}"
     return Finding(said_(right, truth), said_(not right, _other_colour(said)), right, tags, key=True)
 
 
